@@ -1,0 +1,165 @@
+"""Strict token logprobs: lm_head GEMM + vocab-chunked log-sum-exp, raw and processed.
+
+Contract (LogprobSpec + GemmSpec): logits = hidden @ lm_head.T by the strict GEMM, rounded once to fp32
+(never to the model dtype). The vocabulary is cut into chunks of `vocab_chunk` entries; each chunk gives
+(max, sum of exp(x - max)) with the canonical pairwise tree; chunks merge by the pairwise LSE tree.
+logprob(t) = logit[t] - lse.
+
+Two semantics, both defined here and used by the rollout engine and the trainer alike:
+- raw: the model's distribution, logits as they are;
+- processed: the sampling distribution: logits / temperature (fp32 division), then top-k (keep logits >=
+  the k-th largest), then top-p (sort descending by value, ties by token id; keep the shortest prefix whose
+  exclusive cumulative probability is below top_p, so the token that crosses top_p stays), renormalized
+  over what is kept. A token outside the kept set has logprob -inf.
+
+Rows are processed `row_block` at a time, so raw logprobs never hold a [tokens x vocab] fp32 tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rlkit.contract import NumericsContract
+from rlkit.kernels import gemm
+from rlkit.kernels.errors import OpInputError, check_float, check_same
+from rlkit.kernels.tree import pairwise_reduce, pairwise_sum_dim
+
+OP = "logprob"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What turns logits into the sampling distribution ("processed" semantics)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+    top_p: float = 1.0
+    """1.0 disables top-p."""
+
+    def __post_init__(self) -> None:
+        if not (self.temperature > 0):
+            raise ValueError(f"temperature={self.temperature!r}; expected > 0 (use top_k=1 for greedy)")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r}; expected an integer >= 0 (0 disables it)")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p={self.top_p!r}; expected 0 < top_p <= 1")
+
+    @property
+    def is_identity(self) -> bool:
+        return self.temperature == 1.0 and self.top_k == 0 and self.top_p == 1.0
+
+
+def check_ids(token_ids: torch.Tensor, rows: int, vocab: int, device) -> None:
+    if token_ids.dim() != 1 or token_ids.shape[0] != rows:
+        raise OpInputError(OP, f"token_ids has shape {tuple(token_ids.shape)}; expected [{rows}]")
+    if token_ids.dtype not in (torch.int32, torch.int64):
+        raise OpInputError(OP, f"token_ids has dtype {token_ids.dtype}; expected int64")
+    if token_ids.device != device:
+        raise OpInputError(OP, f"token_ids is on {token_ids.device}; expected {device}")
+    if rows and (int(token_ids.min()) < 0 or int(token_ids.max()) >= vocab):
+        raise OpInputError(OP, f"token ids must lie in [0, {vocab})")
+
+
+def lse(logits: torch.Tensor, contract: NumericsContract) -> torch.Tensor:
+    """Strict log-sum-exp over the last dim of fp32 logits ([rows, vocab] -> [rows])."""
+    chunk = contract.logprob.vocab_chunk
+    states = []
+    for lo in range(0, logits.shape[-1], chunk):
+        x = logits[:, lo : lo + chunk]
+        m = x.amax(-1)
+        # a row whose chunk is all -inf (masked) has m = -inf: its sum is 0 and it merges as empty
+        safe_m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        s = pairwise_sum_dim(torch.exp(x - safe_m.unsqueeze(-1)), -1)
+        states.append((m, s))
+
+    def merge(a, b):
+        (ma, sa), (mb, sb) = a, b
+        m = torch.maximum(ma, mb)
+        safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        wa = torch.where(torch.isinf(ma), torch.zeros_like(ma), torch.exp(ma - safe))
+        wb = torch.where(torch.isinf(mb), torch.zeros_like(mb), torch.exp(mb - safe))
+        return m, sa * wa + sb * wb
+
+    m, s = pairwise_reduce(states, merge)
+    return torch.where(torch.isinf(m), m, m + torch.log(s))
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Apply temperature, top-k and top-p to fp32 logits; removed entries become -inf."""
+    z = logits if params.temperature == 1.0 else logits / params.temperature
+    neg_inf = torch.tensor(float("-inf"), device=z.device)
+    if params.top_k and params.top_k < z.shape[-1]:
+        kth = torch.topk(z, params.top_k, dim=-1).values[:, -1:]
+        z = torch.where(z >= kth, z, neg_inf)
+    if params.top_p < 1.0:
+        order = torch.sort(z, dim=-1, descending=True, stable=True)
+        sorted_z = order.values
+        probs = torch.exp(sorted_z - sorted_z[:, :1])  # unnormalized, max entry = 1
+        # exclusive cumulative mass, compared against top_p * total mass: one fp32 sequential scan
+        cum = torch.cumsum(probs, dim=-1, dtype=torch.float32)
+        total = cum[:, -1:]
+        exclusive = cum - probs
+        keep_sorted = exclusive < params.top_p * total
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order.indices, keep_sorted)
+        z = torch.where(keep, z, neg_inf)
+    return z
+
+
+def _check(hidden: torch.Tensor, weight: torch.Tensor) -> None:
+    check_float(OP, "hidden", hidden)
+    check_float(OP, "lm_head", weight)
+    check_same(OP, hidden=hidden, lm_head=weight)
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise OpInputError(OP, f"hidden {tuple(hidden.shape)} and lm_head {tuple(weight.shape)}; expected "
+                               f"[tokens, H] and [vocab, H]")
+
+
+def logits(hidden: torch.Tensor, weight: torch.Tensor, contract: NumericsContract) -> torch.Tensor:
+    """Strict fp32 logits [tokens, vocab] (the engine needs them whole to sample)."""
+    _check(hidden, weight)
+    return gemm.reference(hidden, weight, contract, out_dtype=torch.float32)
+
+
+def from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contract: NumericsContract,
+                params: SamplingParams | None = None) -> torch.Tensor:
+    """Strict logprobs of token_ids under raw (params None) or processed semantics."""
+    check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device)
+    z = logits_fp32 if params is None or params.is_identity else process_logits(logits_fp32, params)
+    picked = z.gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
+    total = lse(z, contract)
+    return torch.where(torch.isinf(picked), picked, picked - total)
+
+
+def reference(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor,
+              contract: NumericsContract, params: SamplingParams | None = None) -> torch.Tensor:
+    """Strict logprobs [tokens] (fp32), `row_block` rows at a time."""
+    _check(hidden, weight)
+    check_ids(token_ids, hidden.shape[0], weight.shape[0], hidden.device)
+    out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+    step = contract.logprob.row_block
+    for lo in range(0, hidden.shape[0], step):
+        block = logits(hidden[lo : lo + step], weight, contract)
+        out[lo : lo + step] = from_logits(block, token_ids[lo : lo + step], contract, params)
+    return out
+
+
+def native_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """What frameworks do: the lm_head GEMM in the model dtype, then upcast."""
+    _check(hidden, weight)
+    return F.linear(hidden, weight).float()
+
+
+def native_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor,
+                       params: SamplingParams | None = None) -> torch.Tensor:
+    check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device)
+    z = logits_fp32 if params is None or params.is_identity else process_logits(logits_fp32, params)
+    return torch.log_softmax(z, dim=-1).gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
+
+
+def native(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor,
+           params: SamplingParams | None = None) -> torch.Tensor:
+    return native_from_logits(native_logits(hidden, weight), token_ids, params)

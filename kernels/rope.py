@@ -1,0 +1,97 @@
+"""Strict rotary position embedding (RoPE), rotate-half convention of Qwen3.
+
+Contract (ElementwiseSpec): the cos/sin tables are computed in float64 on the CPU, from
+inv_freq[i] = theta ** (-2i / head_dim) and the integer position, and rounded to fp32 once; tables are
+always built for a whole number of 1024-position blocks so a position's entry never depends on how long
+the table is. Applying: x * cos + rotate_half(x) * sin in fp32, rounded once. A row's result depends on
+its values and its position only.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from rlkit.contract import NumericsContract
+from rlkit.kernels.errors import OpInputError, check_float
+
+OP = "rope"
+TABLE_BLOCK = 1024
+
+
+@functools.lru_cache(maxsize=256)
+def _table_block(block: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block of TABLE_BLOCK positions. Python's scalar libm cos/sin (float64) is used on purpose:
+    a vectorized library call may take another code path for some elements depending on the tensor's
+    length and thread split; a scalar call per value cannot."""
+    half = head_dim // 2
+    inv_freq = [theta ** (-(2.0 * i) / head_dim) for i in range(half)]
+    angles = [float(p) * f for p in range(block * TABLE_BLOCK, (block + 1) * TABLE_BLOCK) for f in inv_freq]
+    cos = torch.tensor([math.cos(a) for a in angles], dtype=torch.float64).view(TABLE_BLOCK, half)
+    sin = torch.tensor([math.sin(a) for a in angles], dtype=torch.float64).view(TABLE_BLOCK, half)
+    cos, sin = cos.float(), sin.float()
+    return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+
+
+def _tables_cpu(blocks: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    parts = [_table_block(b, head_dim, theta) for b in range(blocks)]
+    return torch.cat([c for c, _ in parts]), torch.cat([s for _, s in parts])
+
+
+_DEVICE_TABLES: dict = {}
+
+
+def tables(max_position: int, head_dim: int, theta: float, device: torch.device):
+    """fp32 (cos, sin) of shape [>= max_position, head_dim] on `device`."""
+    blocks = max(1, -(-int(max_position) // TABLE_BLOCK))
+    key = (blocks, head_dim, float(theta), str(device))
+    if key not in _DEVICE_TABLES:
+        cos, sin = _tables_cpu(blocks, head_dim, float(theta))
+        _DEVICE_TABLES[key] = (cos.to(device), sin.to(device))
+    return _DEVICE_TABLES[key]
+
+
+def check_inputs(x: torch.Tensor, positions: torch.Tensor) -> None:
+    check_float(OP, "x", x)
+    if x.dim() != 3:
+        raise OpInputError(OP, f"x has shape {tuple(x.shape)}; expected [tokens, heads, head_dim]")
+    if x.shape[-1] % 2:
+        raise OpInputError(OP, f"head_dim {x.shape[-1]} must be even")
+    if positions.dim() != 1 or positions.shape[0] != x.shape[0]:
+        raise OpInputError(OP, f"positions has shape {tuple(positions.shape)}; expected [{x.shape[0]}]")
+    if positions.dtype not in (torch.int32, torch.int64):
+        raise OpInputError(OP, f"positions has dtype {positions.dtype}; expected int32 or int64")
+    if positions.device != x.device:
+        raise OpInputError(OP, f"positions is on {positions.device} but x is on {x.device}")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def reference(x: torch.Tensor, positions: torch.Tensor, theta: float,
+              contract: NumericsContract) -> torch.Tensor:
+    """x: [tokens, heads, head_dim]; positions: [tokens] absolute positions."""
+    check_inputs(x, positions)
+    max_pos = int(positions.max()) + 1 if positions.numel() else 1
+    cos, sin = tables(max_pos, x.shape[-1], theta, x.device)
+    c = cos[positions].unsqueeze(1)
+    s = sin[positions].unsqueeze(1)
+    xf = x.float()
+    return (xf * c + _rotate_half(xf) * s).to(x.dtype)
+
+
+def native(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """HF's Qwen3 rotary embedding: fp32 inv_freq and angles, tables cast to the model dtype, the
+    rotation in the model dtype."""
+    check_inputs(x, positions)
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=x.device).float() / d))
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos = emb.cos().to(x.dtype).unsqueeze(1)
+    sin = emb.sin().to(x.dtype).unsqueeze(1)
+    return x * cos + _rotate_half(x) * sin

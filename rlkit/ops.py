@@ -1,0 +1,144 @@
+"""One dispatch point per op: the active numerics contract decides strict or native.
+
+Every layer of rlkit's Qwen3 (and of the vLLM and Megatron adapters) calls these functions; nothing else
+chooses kernels. The contract in effect is scoped, never global state patched into torch:
+
+    from rlkit import ops, NumericsContract
+    with ops.use_contract(NumericsContract.default().with_ops(attention="native")):
+        y = ops.rms_norm(x, w, eps=1e-6)      # strict
+        o = ops.attention(q, k, v, layout)    # native (torch SDPA)
+
+`use_contract` restores the previous contract on exit (also on error), and is per thread / per asyncio
+task (a ContextVar), so a dashboard thread and a training thread never see each other's contract.
+
+Strict paths call `rlkit.kernels.<op>.strict` implementations: the torch references on any device
+(they are the contract), or the Triton kernels where those are written and the tensors are on CUDA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from typing import Iterator
+
+import torch
+
+from rlkit.contract import NumericsContract
+from rlkit.kernels import attention as _attention
+from rlkit.kernels import collectives as _collectives
+from rlkit.kernels import gemm as _gemm
+from rlkit.kernels import logprob as _logprob
+from rlkit.kernels import rms_norm as _rms_norm
+from rlkit.kernels import rope as _rope
+from rlkit.kernels import swiglu as _swiglu
+from rlkit.kernels.attention import AttentionLayout
+from rlkit.kernels.errors import OpInputError
+from rlkit.kernels.logprob import SamplingParams
+
+__all__ = [
+    "use_contract", "current_contract", "rms_norm", "linear", "swiglu", "rope", "attention",
+    "logits", "logprob", "logprob_from_logits", "all_reduce", "AttentionLayout", "SamplingParams",
+    "OpInputError",
+]
+
+_ACTIVE: ContextVar[NumericsContract] = ContextVar("rlkit_numerics_contract",
+                                                   default=NumericsContract.default())
+
+
+@contextlib.contextmanager
+def use_contract(contract: NumericsContract) -> Iterator[NumericsContract]:
+    """Run the block under `contract`; the previous contract is back on exit."""
+    if not isinstance(contract, NumericsContract):
+        raise TypeError(f"use_contract needs a NumericsContract, got {type(contract).__name__}")
+    token = _ACTIVE.set(contract)
+    try:
+        yield contract
+    finally:
+        _ACTIVE.reset(token)
+
+
+def current_contract() -> NumericsContract:
+    return _ACTIVE.get()
+
+
+def _strict(op: str) -> bool:
+    return _ACTIVE.get().path(op) == "strict"
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """RMSNorm over the last dim; with `residual`, returns (norm(x + residual), x + residual)."""
+    if _strict("rms_norm"):
+        return _rms_norm.reference(x, weight, eps, _ACTIVE.get(), residual)
+    return _rms_norm.native(x, weight, eps, residual)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, *, tp_group=None, tp_size: int = 1,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y = x @ weight.T. With `tp_size > 1` this is the row-parallel form: x and weight hold this rank's
+    K slice and the result is all-reduced over `tp_group` (strict: per-rank subtree partials in fp32,
+    combined by the canonical all-reduce, rounded once; native: a local GEMM plus the backend's
+    all-reduce in the model dtype)."""
+    contract = _ACTIVE.get()
+    if tp_size == 1:
+        if _strict("linear"):
+            return _gemm.reference(x, weight, contract, out_dtype)
+        return _gemm.native(x, weight, out_dtype)
+    if _strict("linear"):
+        part = _gemm.partial(x, weight, contract, shards=tp_size)
+    else:
+        part = _gemm.native(x, weight)
+    reduced = all_reduce(part, group=tp_group)
+    return reduced.to(out_dtype or x.dtype)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up."""
+    if _strict("swiglu"):
+        return _swiglu.reference(gate, up, _ACTIVE.get())
+    return _swiglu.native(gate, up)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of x [tokens, heads, head_dim] at absolute `positions` [tokens]."""
+    if _strict("rope"):
+        return _rope.reference(x, positions, theta, _ACTIVE.get())
+    return _rope.native(x, positions, theta)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
+    """Causal GQA attention; `layout` says whether this is a packed prefill, a chunked prefill or a
+    paged decode (AttentionLayout.prefill / AttentionLayout.paged)."""
+    if _strict("attention"):
+        return _attention.reference(q, k, v, layout, _ACTIVE.get())
+    return _attention.native(q, k, v, layout)
+
+
+def logits(hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
+    """fp32 logits [tokens, vocab] (the rollout engine samples from them)."""
+    if _strict("logprob"):
+        return _logprob.logits(hidden, lm_head, _ACTIVE.get())
+    return _logprob.native_logits(hidden, lm_head)
+
+
+def logprob_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor,
+                        params: SamplingParams | None = None) -> torch.Tensor:
+    """Logprobs of token_ids given fp32 logits: raw (params None) or processed by `params`."""
+    if _strict("logprob"):
+        return _logprob.from_logits(logits_fp32, token_ids, _ACTIVE.get(), params)
+    return _logprob.native_from_logits(logits_fp32, token_ids, params)
+
+
+def logprob(hidden: torch.Tensor, lm_head: torch.Tensor, token_ids: torch.Tensor,
+            params: SamplingParams | None = None) -> torch.Tensor:
+    """Logprobs of token_ids from the final hidden states, without a [tokens x vocab] tensor on the
+    strict path (rows are done `logprob.row_block` at a time)."""
+    if _strict("logprob"):
+        return _logprob.reference(hidden, lm_head, token_ids, _ACTIVE.get(), params)
+    return _logprob.native(hidden, lm_head, token_ids, params)
+
+
+def all_reduce(partial: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum over the ranks of `group`; returns a new tensor."""
+    if _strict("all_reduce"):
+        return _collectives.reference(partial.float(), group)
+    return _collectives.native(partial, group)

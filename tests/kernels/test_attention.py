@@ -1,0 +1,134 @@
+"""Strict attention: close to fp64; packing-invariant; prefill == chunked prefill == paged decode.
+
+A small contract (split 64, block 16) makes 150-token sequences cross two split and nine block
+boundaries cheaply; the default contract (split 256, block 32) is checked on a 300-token sequence.
+"""
+
+import pytest
+import torch
+
+from rlkit import NumericsContract
+from rlkit.bitwise import assert_bitwise_equal, compare
+from rlkit.contract import AttentionSpec
+from rlkit.kernels import attention
+from rlkit.kernels.attention import AttentionLayout
+from rlkit.kernels.errors import OpInputError
+from tests.kernels.tolerances import REL_TOL, rel_err
+
+SMALL = NumericsContract.default().replace(attention=AttentionSpec(split_size=64, block_size=16))
+DEFAULT = NumericsContract.default()
+H, KVH, D = 4, 2, 32
+
+
+def seq(n, dtype=torch.bfloat16, g=None):
+    return tuple(torch.randn(n, h, D, generator=g).to(dtype) for h in (H, KVH, KVH))
+
+
+def prefill(contract, seqs):
+    q = torch.cat([s[0] for s in seqs]); k = torch.cat([s[1] for s in seqs]); v = torch.cat([s[2] for s in seqs])
+    cu = torch.tensor([0] + [len(s[0]) for s in seqs]).cumsum(0)
+    return attention.reference(q, k, v, AttentionLayout.prefill(cu), contract)
+
+
+class PagedCache:
+    """A tiny paged KV cache with pages handed out in a shuffled order (layout must not matter)."""
+
+    def __init__(self, pages=64, page_size=8, dtype=torch.bfloat16):
+        self.k = torch.full((pages, page_size, KVH, D), float("nan"), dtype=dtype)  # unwritten = NaN
+        self.v = torch.full_like(self.k, float("nan"))
+        self.free = torch.randperm(pages).tolist()
+        self.page = page_size
+        self.tables = {}
+
+    def write(self, sid, start, k, v):
+        table = self.tables.setdefault(sid, [])
+        for j in range(k.shape[0]):
+            pos = start + j
+            while pos // self.page >= len(table):
+                table.append(self.free.pop())
+            self.k[table[pos // self.page], pos % self.page] = k[j]
+            self.v[table[pos // self.page], pos % self.page] = v[j]
+
+    def block_table(self, sids):
+        width = max(len(self.tables[s]) for s in sids)
+        return torch.tensor([self.tables[s] + [0] * (width - len(self.tables[s])) for s in sids])
+
+
+def paged_attend(cache, contract, q, sids, q_lens, ctx):
+    layout = AttentionLayout.paged(torch.tensor(q_lens), torch.tensor(ctx), cache.block_table(sids))
+    return attention.reference(q, cache.k, cache.v, layout, contract)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_close_to_fp64(dtype):
+    q, k, v = seq(70, dtype)
+    out = prefill(SMALL, [(q, k, v)])
+    qd, kd, vd = (t.double().transpose(0, 1) for t in (q, k, v))
+    kd, vd = kd.repeat_interleave(H // KVH, 0), vd.repeat_interleave(H // KVH, 0)
+    s = qd @ kd.transpose(1, 2) * D ** -0.5
+    s = s.masked_fill(torch.ones(70, 70, dtype=torch.bool).triu(1), float("-inf"))
+    ref = (torch.softmax(s, -1) @ vd).transpose(0, 1)
+    assert rel_err(out, ref) < REL_TOL[dtype]
+
+
+def test_packing_invariance_same_sequence_different_neighbours():
+    a, b, c = seq(150), seq(37), seq(90)
+    alone = prefill(SMALL, [a])
+    assert_bitwise_equal(prefill(SMALL, [b, a, c])[37 : 37 + 150], alone, "A between B and C vs alone")
+    assert_bitwise_equal(prefill(SMALL, [a, c])[:150], alone, "A before C vs alone")
+
+
+@pytest.mark.parametrize("contract, length", [(SMALL, 150), (DEFAULT, 300)])
+def test_prefill_equals_chunked_prefill_equals_paged_decode(contract, length):
+    q, k, v = seq(length)
+    other = seq(45)
+    full = prefill(contract, [(q, k, v)])
+
+    # chunked prefill: three uneven chunks, each written into the paged cache before attending
+    cache = PagedCache(pages=96)
+    outs, start = [], 0
+    for end in (50, 117, length):
+        cache.write(0, start, k[start:end], v[start:end])
+        outs.append(paged_attend(cache, contract, q[start:end], [0], [end - start], [end]))
+        start = end
+    assert_bitwise_equal(torch.cat(outs), full, "chunked prefill vs prefill")
+
+    # decode: one query at a time, batched beside another sequence that is also decoding
+    cache = PagedCache(pages=96)
+    cache.write(1, 0, other[1], other[2])
+    dec = []
+    for p in range(length):
+        cache.write(0, p, k[p : p + 1], v[p : p + 1])
+        both = paged_attend(cache, contract, torch.cat([q[p : p + 1], other[0][44:45]]), [0, 1], [1, 1], [p + 1, 45])
+        dec.append(both[:1])
+    assert_bitwise_equal(torch.cat(dec), full, "paged decode vs prefill")
+
+
+def test_native_decode_differs_from_native_prefill():
+    """Negative control: torch SDPA computes a decode query with another blocking than the same query
+    inside a causal prefill; the counts of differing elements are printed."""
+    q, k, v = seq(150, torch.float32)
+    cu = torch.tensor([0, 150])
+    full = attention.native(q, k, v, AttentionLayout.prefill(cu))
+    cache = PagedCache(pages=32, dtype=torch.float32)
+    cache.write(0, 0, k, v)
+    dec = []
+    for p in range(150):
+        layout = AttentionLayout.paged(torch.tensor([1]), torch.tensor([p + 1]), cache.block_table([0]))
+        dec.append(attention.native(q[p : p + 1], cache.k, cache.v, layout))
+    report = compare(torch.cat(dec), full, "native decode vs native prefill")
+    print(report)
+    assert report.differing > 0
+
+
+def test_bad_inputs():
+    q, k, v = seq(10)
+    with pytest.raises(OpInputError, match="cu_seqlens_q"):
+        attention.reference(q, k, v, AttentionLayout.prefill(torch.tensor([0, 9])), SMALL)
+    with pytest.raises(OpInputError, match="heads must be a multiple of kv_heads"):
+        attention.reference(torch.randn(10, 3, D).bfloat16(), k, v, AttentionLayout.prefill(torch.tensor([0, 10])), SMALL)
+    with pytest.raises(OpInputError, match="too few pages"):
+        cache = PagedCache(pages=4)
+        cache.write(0, 0, k, v)
+        layout = AttentionLayout.paged(torch.tensor([1]), torch.tensor([40]), cache.block_table([0]))
+        attention.reference(q[:1], cache.k, cache.v, layout, SMALL)

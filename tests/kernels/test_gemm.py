@@ -1,0 +1,90 @@
+"""Strict GEMM: close to fp64; a row's bits do not depend on its batch; native does (negative control).
+
+Thresholds: the CPU reference issues GEMM calls of exactly `row_tile` (16) rows, so batch sizes are taken
+on both sides of 16 and 32 (15, 16, 17, 31, 32, 33) and far past them; K is cut into `k_chunks` (4).
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlkit import NumericsContract
+from rlkit.bitwise import assert_bitwise_equal, compare
+from rlkit.contract import GemmSpec
+from rlkit.kernels import gemm
+from rlkit.kernels.errors import OpInputError
+from tests.kernels.tolerances import REL_TOL, rel_err
+
+C = NumericsContract.default()
+BATCHES = [1, 2, 15, 16, 17, 31, 32, 33, 100]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_close_to_fp64(dtype):
+    x = torch.randn(37, 256).to(dtype)
+    w = (torch.randn(300, 256) / 16).to(dtype)
+    out = gemm.reference(x, w, C)
+    assert out.dtype == dtype
+    assert rel_err(out, x.double() @ w.double().T) < REL_TOL[dtype]
+
+
+@settings(max_examples=20, deadline=None)
+@given(batch=st.sampled_from(BATCHES), row=st.integers(0, 99), seed=st.integers(0, 2**16),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+def test_row_alone_equals_row_in_any_batch(batch, row, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    k, n = 128, 96
+    w = torch.randn(n, k, generator=g).to(dtype)
+    rows = torch.randn(batch, k, generator=g).to(dtype)
+    r = row % batch
+    alone = gemm.reference(rows[r : r + 1], w, C)
+    inside = gemm.reference(rows, w, C)[r : r + 1]
+    assert_bitwise_equal(inside, alone, f"row {r} in a batch of {batch} vs alone")
+
+
+def test_output_columns_do_not_depend_on_how_many_columns_are_computed():
+    """A column-parallel shard (fewer output features) must give the same bits for its columns."""
+    x = torch.randn(40, 128).bfloat16()
+    w = torch.randn(96, 128).bfloat16()
+    full = gemm.reference(x, w, C)
+    assert_bitwise_equal(torch.cat([gemm.reference(x, w[:48], C), gemm.reference(x, w[48:], C)], 1), full,
+                         "column shards vs whole")
+
+
+def test_partial_shards_are_subtrees_of_the_whole():
+    """The 4-chunk tree ((c0+c1)+(c2+c3)) equals the tree over two 2-chunk shard partials (TP 2)."""
+    x = torch.randn(20, 256)
+    w = torch.randn(64, 256)
+    whole = gemm.partial(x, w, C)
+    halves = [gemm.partial(x[:, s : s + 128], w[:, s : s + 128], C, shards=2) for s in (0, 128)]
+    assert_bitwise_equal(halves[0] + halves[1], whole, "two TP shards vs one")
+
+
+@pytest.mark.parametrize("dtype, k, differs", [
+    (torch.float32, 256, True),
+    (torch.bfloat16, 4096, True),
+    (torch.bfloat16, 256, False),
+])
+def test_native_gemm_batch_dependence_on_this_cpu(dtype, k, differs):
+    """Negative control, measured on this CPU: MKL's fp32 GEMM gives a row alone other bits than the
+    same row in a batch of 33; oneDNN's bf16 GEMM does too at K = 4096, but at K <= 1024 its bf16
+    output rounding hides the difference (so for the tiny preset, native linear happens to be
+    batch-invariant on the CPU and native mismatches come from other ops)."""
+    x = torch.randn(33, k).to(dtype)
+    w = torch.randn(512, k).to(dtype)
+    alone = torch.cat([gemm.native(x[i : i + 1], w) for i in range(33)])
+    report = compare(gemm.native(x, w), alone, "native batch vs alone")
+    print(report)
+    assert (report.differing > 0) == differs, str(report)
+
+
+def test_bad_inputs_name_the_op_and_shapes():
+    with pytest.raises(OpInputError, match=r"rlkit.ops.linear: x has shape \(4, 8\).*K = w.shape\[1\] = 16"):
+        gemm.reference(torch.randn(4, 8), torch.randn(3, 16), C)
+    with pytest.raises(OpInputError, match="dtype"):
+        gemm.reference(torch.randn(4, 16), torch.randn(3, 16).bfloat16(), C)
+    with pytest.raises(OpInputError, match="not divisible into 4 equal chunks"):
+        gemm.reference(torch.randn(4, 18), torch.randn(3, 18), C)
+    with pytest.raises(OpInputError, match="shards do not divide"):
+        gemm.partial(torch.randn(4, 16), torch.randn(3, 16), C.replace(gemm=GemmSpec(k_chunks=2)), shards=4)
