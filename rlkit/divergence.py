@@ -1,0 +1,221 @@
+"""Divergence between the logprobs a rollout recorded and the logprobs a trainer recomputed.
+
+- `logprob_divergence(rollout, trainer)`: compared_tokens, mismatch_count (bitwise: torch.equal plus sign
+  bits), max/mean |diff|, the K3 estimate of KL(rollout || trainer), and importance-ratio statistics
+  (ratio = exp(trainer - rollout); mean, min, max, fraction outside [0.8, 1.2]).
+- `check_fingerprints`: records made under different numerics contracts are never compared.
+- `ActivationRecorder` + `first_divergence`: run both sides with every op's output captured (forward hooks
+  on the model's leaf op modules), line the rows up by (sequence, position), and report the first
+  (layer, op) in execution order whose outputs differ, with the diff statistics there.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from rlkit.bitwise import _differs
+
+
+class FingerprintMismatch(ValueError):
+    """Two records were made under different numerics contracts."""
+
+
+def check_fingerprints(rollout_fp: str, trainer_fp: str) -> None:
+    if rollout_fp != trainer_fp:
+        raise FingerprintMismatch(
+            f"refusing to compare: rollout contract {rollout_fp} != trainer contract {trainer_fp}")
+
+
+@dataclass(frozen=True)
+class DivergenceStats:
+    compared_tokens: int
+    mismatch_count: int
+    max_abs_diff: float
+    mean_abs_diff: float
+    k3_kl: float
+    ratio_mean: float
+    ratio_min: float
+    ratio_max: float
+    ratio_outside: float
+    """Fraction of tokens whose importance ratio lies outside [0.8, 1.2]."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def empty(cls) -> "DivergenceStats":
+        return cls(0, 0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0)
+
+
+def _flat(x) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().float().reshape(-1).cpu()
+    parts = [torch.as_tensor(t, dtype=torch.float32).reshape(-1) for t in x]
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+def per_token_diff(rollout, trainer) -> torch.Tensor:
+    """trainer - rollout per token (fp64 so tiny differences show), flattened."""
+    r, t = _flat(rollout), _flat(trainer)
+    if r.shape != t.shape:
+        raise ValueError(f"rollout has {r.numel()} tokens, trainer {t.numel()}")
+    return t.double() - r.double()
+
+
+def logprob_divergence(rollout, trainer) -> DivergenceStats:
+    """Stats over aligned token logprobs (tensors or lists of per-sequence tensors/lists)."""
+    r, t = _flat(rollout), _flat(trainer)
+    if r.shape != t.shape:
+        raise ValueError(f"rollout has {r.numel()} tokens, trainer {t.numel()}")
+    n = r.numel()
+    if n == 0:
+        return DivergenceStats.empty()
+    mismatch = int(_differs(r, t).sum())
+    delta = t.double() - r.double()
+    finite = torch.isfinite(delta)
+    absd = delta[finite].abs()
+    log_ratio = delta.clamp(-50, 50)
+    ratio = torch.exp(log_ratio)
+    k3 = (ratio - 1 - log_ratio)[finite]
+    return DivergenceStats(
+        compared_tokens=n,
+        mismatch_count=mismatch,
+        max_abs_diff=float(absd.max()) if absd.numel() else (0.0 if mismatch == 0 else float("inf")),
+        mean_abs_diff=float(absd.mean()) if absd.numel() else 0.0,
+        k3_kl=float(k3.mean()) if k3.numel() else 0.0,
+        ratio_mean=float(ratio[finite].mean()) if finite.any() else 1.0,
+        ratio_min=float(ratio[finite].min()) if finite.any() else 1.0,
+        ratio_max=float(ratio[finite].max()) if finite.any() else 1.0,
+        ratio_outside=float(((ratio < 0.8) | (ratio > 1.2)).double().mean()),
+    )
+
+
+# -- first-divergence locator -----------------------------------------------------------------------
+_OP_OF_MODULE = {"RMSNorm": "rms_norm", "Linear": "linear", "Rope": "rope", "AttentionCore": "attention",
+                 "SwiGLU": "swiglu"}
+
+
+def op_site(module_name: str) -> tuple[str, str]:
+    """'model.layers.3.self_attn.q_proj' -> ('3', 'self_attn.q_proj'); 'model.norm' -> ('final', 'norm')."""
+    m = re.search(r"layers\.(\d+)\.(.+)$", module_name)
+    if m:
+        return m.group(1), m.group(2)
+    return "final", module_name.split(".")[-1]
+
+
+@dataclass
+class _Call:
+    name: str
+    op: str
+    output: torch.Tensor
+    keys: list[tuple[str, int]]
+
+
+@dataclass
+class ActivationRecorder:
+    """Capture every leaf op's output during forward passes of rlkit's Qwen3.
+
+        rec = ActivationRecorder(model)
+        with rec:
+            ...  # any number of forwards (a packed prefill, or an engine's prefill + decode steps)
+        rows = rec.rows()   # {module name: {(seq_id, position): output row}}
+    Each forward's ForwardBatch must carry seq_ids (the engine and ForwardBatch.packed set them).
+    """
+
+    model: nn.Module
+    calls: list[_Call] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)
+    _keys: list[tuple[str, int]] = field(default_factory=list)
+    _handles: list = field(default_factory=list)
+
+    def __enter__(self) -> "ActivationRecorder":
+        root = self.model
+
+        def on_batch(_module, args):
+            batch = args[0]
+            cu = batch.layout.cu_seqlens_q.tolist()
+            ids = batch.seq_ids or [str(i) for i in range(len(cu) - 1)]
+            pos = batch.positions.tolist()
+            keys = []
+            for s in range(len(cu) - 1):
+                keys.extend((ids[s], pos[r]) for r in range(cu[s], cu[s + 1]))
+            self._keys = keys
+
+        self._handles.append(root.register_forward_pre_hook(on_batch))
+        for name, module in root.named_modules():
+            op = _OP_OF_MODULE.get(type(module).__name__)
+            if op is None:
+                continue
+
+            def hook(_m, _args, out, name=name, op=op):
+                y = out[0] if isinstance(out, tuple) else out
+                if name not in self.order:
+                    self.order.append(name)
+                self.calls.append(_Call(name, op, y.detach().clone(), list(self._keys)))
+
+            self._handles.append(module.register_forward_hook(hook))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def rows(self) -> dict[str, dict[tuple[str, int], torch.Tensor]]:
+        out: dict[str, dict[tuple[str, int], torch.Tensor]] = {}
+        for call in self.calls:
+            table = out.setdefault(call.name, {})
+            for r, key in enumerate(call.keys):
+                table[key] = call.output[r]
+        return out
+
+    def op_of(self, name: str) -> str:
+        return next(c.op for c in self.calls if c.name == name)
+
+
+@dataclass(frozen=True)
+class FirstDivergence:
+    layer: str
+    op: str
+    site: str
+    module: str
+    differing_rows: int
+    compared_rows: int
+    differing_elements: int
+    max_abs_diff: float
+    first_key: tuple[str, int]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["first_key"] = list(self.first_key)
+        return d
+
+
+def first_divergence(a: ActivationRecorder, b: ActivationRecorder,
+                     keys: Sequence[tuple[str, int]] | None = None) -> FirstDivergence | None:
+    """The first op (in a's execution order) whose output rows differ between the two recordings, over
+    the (sequence, position) rows both saw (or `keys`). None when every op agrees bit for bit."""
+    rows_a, rows_b = a.rows(), b.rows()
+    for name in a.order:
+        if name not in rows_b:
+            continue
+        ta, tb = rows_a[name], rows_b[name]
+        common = [k for k in (keys or ta.keys()) if k in ta and k in tb]
+        if not common:
+            continue
+        xa = torch.stack([ta[k] for k in common]).float()
+        xb = torch.stack([tb[k] for k in common]).float()
+        diff = _differs(xa, xb).reshape(len(common), -1)
+        bad_rows = diff.any(-1)
+        if bad_rows.any():
+            delta = (xa.double() - xb.double()).abs()
+            layer, site = op_site(name)
+            first = common[int(bad_rows.nonzero()[0])]
+            return FirstDivergence(layer, a.op_of(name), site, name, int(bad_rows.sum()), len(common),
+                                   int(diff.sum()), float(delta[torch.isfinite(delta)].max()), first)
+    return None

@@ -1,0 +1,225 @@
+"""Qwen3 (dense): the one model definition the trainer and the rollout engine both run.
+
+A plain nn.Module whose every op goes through `rlkit.ops`, so the active numerics contract, not this
+file, decides strict or native. Parameter names are Hugging Face's (model.layers.N.self_attn.q_proj...),
+so state_dict() is an HF checkpoint. Each op is a small leaf module (RMSNorm, Linear, Rope,
+AttentionCore, SwiGLU) so forward hooks can capture every op's output by name: that is what the
+first-divergence locator in rlkit/divergence.py reads.
+
+One forward serves every caller through `ForwardBatch`:
+- trainer recompute: packed full sequences, `ForwardBatch.packed(seqs)` (varlen causal prefill);
+- rollout engine: prefill, chunked prefill and decode against a paged KV cache (`kv_cache` +
+  `slot_mapping` say where this call's keys are written; the layout's block table says where to read).
+
+Shapes: T tokens in the call, h hidden, H query heads, G kv heads, D head_dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlkit import ops
+from rlkit.kernels.attention import AttentionLayout
+from rlkit.kernels.logprob import SamplingParams
+from rlkit.model.config import Qwen3Config
+
+
+class KVCache(Protocol):
+    """What the model needs from a paged KV cache (rlkit.rollout.kv_cache.PagedKVCache)."""
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def write(self, index: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] absolute positions
+    layout: AttentionLayout
+    kv_cache: KVCache | None = None
+    slot_mapping: torch.Tensor | None = None  # [T] flat cache slot of each token's K/V
+    seq_ids: list[str] | None = None  # one name per sequence in layout order (activation capture uses it)
+
+    @classmethod
+    def packed(cls, sequences: list[torch.Tensor], seq_ids: list[str] | None = None) -> "ForwardBatch":
+        """Full sequences packed back to back (trainer recompute; no KV cache)."""
+        lens = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
+        cu = torch.zeros(len(sequences) + 1, dtype=torch.int64)
+        cu[1:] = torch.cumsum(lens, 0)
+        ids = torch.cat([s.to(torch.int64) for s in sequences])
+        positions = torch.cat([torch.arange(int(n)) for n in lens])
+        dev = ids.device
+        return cls(ids, positions.to(dev), AttentionLayout.prefill(cu.to(dev)), seq_ids=seq_ids)
+
+
+# -- leaf modules: one op each --------------------------------------------------------------------
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        return ops.rms_norm(x, self.weight, self.eps, residual)
+
+
+class Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight)
+
+
+class Rope(nn.Module):
+    def __init__(self, theta: float):
+        super().__init__()
+        self.theta = theta
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return ops.rope(x, positions, self.theta)
+
+
+class AttentionCore(nn.Module):
+    def forward(self, q, k, v, layout: AttentionLayout) -> torch.Tensor:
+        return ops.attention(q, k, v, layout)
+
+
+class SwiGLU(nn.Module):
+    def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return ops.swiglu(gate, up)
+
+
+# -- blocks ---------------------------------------------------------------------------------------
+class Qwen3Attention(nn.Module):
+    def __init__(self, cfg: Qwen3Config, layer_index: int):
+        super().__init__()
+        dt, h, d = cfg.torch_dtype, cfg.hidden_size, cfg.head_dim
+        self.layer_index = layer_index
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = Linear(h, self.heads * d, dt)
+        self.k_proj = Linear(h, self.kv_heads * d, dt)
+        self.v_proj = Linear(h, self.kv_heads * d, dt)
+        self.o_proj = Linear(self.heads * d, h, dt)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dt)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dt)
+        self.q_rope = Rope(cfg.rope_theta)
+        self.k_rope = Rope(cfg.rope_theta)
+        self.attn = AttentionCore()
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(t, self.heads, self.head_dim))      # [T, H, D]
+        k = self.k_norm(self.k_proj(x).view(t, self.kv_heads, self.head_dim))   # [T, G, D]
+        v = self.v_proj(x).view(t, self.kv_heads, self.head_dim)                # [T, G, D]
+        q = self.q_rope(q, batch.positions)
+        k = self.k_rope(k, batch.positions)
+        if batch.kv_cache is not None:
+            batch.kv_cache.write(self.layer_index, batch.slot_mapping, k, v)
+            k, v = batch.kv_cache.layer(self.layer_index)                        # [pages, page, G, D]
+        out = self.attn(q, k, v, batch.layout)                                   # [T, H, D]
+        return self.o_proj(out.reshape(t, self.heads * self.head_dim))
+
+
+class Qwen3MLP(nn.Module):
+    def __init__(self, cfg: Qwen3Config):
+        super().__init__()
+        dt, h, i = cfg.torch_dtype, cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = Linear(h, i, dt)
+        self.up_proj = Linear(h, i, dt)
+        self.down_proj = Linear(i, h, dt)
+        self.act = SwiGLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, cfg: Qwen3Config, layer_index: int):
+        super().__init__()
+        dt = cfg.torch_dtype
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+        self.self_attn = Qwen3Attention(cfg, layer_index)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
+        self.mlp = Qwen3MLP(cfg)
+
+    def forward(self, hidden, residual, batch: ForwardBatch):
+        if residual is None:  # first layer: the embedding is the residual stream
+            residual = hidden
+            normed = self.input_layernorm(hidden)
+        else:
+            normed, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(normed, batch)
+        normed, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(normed), residual
+
+
+class Qwen3Model(nn.Module):
+    def __init__(self, cfg: Qwen3Config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=cfg.torch_dtype)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.torch_dtype)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        hidden, residual = F.embedding(batch.input_ids, self.embed_tokens.weight), None  # [T, h]
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, batch)
+        out, _ = self.norm(hidden, residual)
+        return out
+
+
+class Qwen3ForCausalLM(nn.Module):
+    """The causal LM: `forward` gives final hidden states; `logprobs` the strict/native token logprobs."""
+
+    def __init__(self, cfg: Qwen3Config):
+        super().__init__()
+        self.config = cfg
+        self.model = Qwen3Model(cfg)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, cfg.torch_dtype)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        if self.config.tie_word_embeddings:
+            return self.model.embed_tokens.weight
+        return self.lm_head.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model(batch)  # [T, h]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return ops.logits(hidden, self.lm_head_weight)  # [T, vocab] fp32
+
+    def logprobs(self, hidden: torch.Tensor, targets: torch.Tensor,
+                 params: SamplingParams | None = None) -> torch.Tensor:
+        return ops.logprob(hidden, self.lm_head_weight, targets, params)  # [T] fp32
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> "Qwen3ForCausalLM":
+        """Seeded random init, identical on every machine: drawn in fp32 on the CPU in parameter-name
+        order, then cast. Linear and embedding weights ~ N(0, initializer_range); norms = 1."""
+        g = torch.Generator().manual_seed(seed)
+        std = self.config.initializer_range
+        for name, p in sorted(self.named_parameters(), key=lambda kv: kv[0]):
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(std).to(p.dtype))
+        return self
+
+
+def build_model(cfg: Qwen3Config, seed: int = 0, device: str | torch.device = "cpu") -> Qwen3ForCausalLM:
+    """A Qwen3 with seeded random weights on `device`."""
+    return Qwen3ForCausalLM(cfg).init_weights(seed).to(device)

@@ -1,0 +1,316 @@
+"""The embedded rollout engine: paged KV cache, continuous batching, chunked prefill, seeded sampling.
+
+It runs rlkit's Qwen3 under its own numerics contract and records, for every generated token, its id
+and its logprob (raw and/or processed), with the weight version and the contract fingerprint.
+
+Scheduling, once per `step()`:
+1. admit waiting requests (FIFO) while a sequence slot is free and the allocator can reserve pages for
+   the request's whole budget (prompt + max_tokens, capped at max_model_len) — so no running request is
+   ever preempted; a request that could never fit gets an error result at once and the others go on;
+2. build one mixed batch under `max_batch_tokens`: every decoding sequence's pending token first, then
+   prefill chunks (a long prompt is split over several steps: chunked prefill);
+3. one forward of the mixed batch against the paged cache;
+4. every sequence whose known tokens are now all in the cache samples its next token from its last
+   row's logits, records logprobs, and finishes on a stop token, max_tokens or max_model_len.
+Requests join and leave between steps. Nothing about a request's bits depends on its neighbours: the
+strict ops are batch-invariant and sampling noise comes from the request's own generator.
+
+`score()` (prefill logprobs of whole sequences) and `replay()` (teacher-forced decode) run the same
+machinery; the parity chain compares them with the trainer and with what `generate()` recorded.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+import torch
+
+from rlkit import ops
+from rlkit.contract import NumericsContract
+from rlkit.kernels.attention import AttentionLayout
+from rlkit.model.checkpoint import weights_checksum
+from rlkit.model.qwen3 import ForwardBatch, Qwen3ForCausalLM
+from rlkit.rollout.kv_cache import PagedKVCache
+from rlkit.rollout.sampling import request_generator, sample_token
+from rlkit.rollout.types import GenerationRequest, GenerationResult
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    page_size: int = 16
+    """Positions per KV page."""
+    num_pages: int = 512
+    max_num_seqs: int = 16
+    """Sequences running at once."""
+    max_batch_tokens: int = 256
+    """Tokens per forward: decodes plus prefill chunks (a longer prompt is prefilled in chunks)."""
+    max_model_len: int = 2048
+    """Prompt + generated tokens per sequence."""
+
+    def __post_init__(self) -> None:
+        for name in ("page_size", "num_pages", "max_num_seqs", "max_batch_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1")
+        if self.max_batch_tokens < self.max_num_seqs:
+            raise ValueError("max_batch_tokens must be >= max_num_seqs (every decode needs one token)")
+
+
+@dataclass
+class _Sequence:
+    request: GenerationRequest
+    tokens: list[int]
+    prompt_len: int
+    budget: int                       # max total length (prompt + generated)
+    generator: torch.Generator | None
+    pages: list[int] = field(default_factory=list)
+    computed: int = 0                 # tokens whose K/V are in the cache
+    result: GenerationResult | None = None
+    forced: deque | None = None       # replay: tokens to feed instead of sampling
+    score_logprobs: list[float] | None = None  # score: logprob of every token after the first
+
+    @property
+    def pending(self) -> int:
+        return len(self.tokens) - self.computed
+
+
+class EmbeddedEngine:
+    def __init__(self, model: Qwen3ForCausalLM, contract: NumericsContract | None = None,
+                 config: EngineConfig | None = None, engine_id: str = "engine-0", weight_version: int = 0):
+        self.model = model.eval()
+        self.contract = contract or NumericsContract.default()
+        self.config = config or EngineConfig()
+        self.engine_id = engine_id
+        self.weight_version = weight_version
+        cfg = model.config
+        self.cache = PagedKVCache(cfg.num_hidden_layers, self.config.num_pages, self.config.page_size,
+                                  cfg.num_key_value_heads, cfg.head_dim, cfg.torch_dtype, model.device)
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._finished: list[_Sequence] = []
+        self._ids = itertools.count()
+
+    # -- requests ---------------------------------------------------------------------------------
+    def add_request(self, request: GenerationRequest) -> None:
+        seq = self._new_sequence(request, list(request.prompt_ids),
+                                 min(len(request.prompt_ids) + request.sampling.max_tokens, self.config.max_model_len))
+        seq.generator = request_generator(request.sampling.seed, request.request_id)
+        self._enqueue(seq)
+
+    def _new_sequence(self, request, tokens, budget) -> _Sequence:
+        result = GenerationResult(request.request_id, list(request.prompt_ids),
+                                  raw_logprobs=[] if request.logprobs_mode in ("raw", "both") else None,
+                                  processed_logprobs=[] if request.logprobs_mode in ("processed", "both") else None,
+                                  weight_version=self.weight_version,
+                                  contract_fingerprint=self.contract.fingerprint(), engine_id=self.engine_id)
+        return _Sequence(request, tokens, len(request.prompt_ids), budget, None, result=result)
+
+    def _enqueue(self, seq: _Sequence) -> None:
+        vocab = self.model.config.vocab_size
+        generating = seq.forced is None and seq.score_logprobs is None
+        problem = None
+        if any(not 0 <= t < vocab for t in seq.tokens):
+            problem = f"token ids must lie in [0, {vocab})"
+        elif generating and seq.prompt_len >= self.config.max_model_len:
+            problem = (f"prompt of {seq.prompt_len} tokens leaves no room under max_model_len="
+                       f"{self.config.max_model_len}")
+        elif seq.budget > self.config.max_model_len:
+            problem = f"sequence of {seq.budget} tokens exceeds max_model_len={self.config.max_model_len}"
+        elif seq.forced is not None and not seq.forced:
+            problem = "replay needs a non-empty response"
+        elif self.cache.pages_for(seq.budget) > self.config.num_pages:
+            problem = (f"needs {self.cache.pages_for(seq.budget)} KV pages (prompt {seq.prompt_len} + up to "
+                       f"{seq.budget - seq.prompt_len} new tokens at page_size {self.config.page_size}); "
+                       f"the cache has {self.config.num_pages}")
+        if problem:
+            seq.result.finish_reason, seq.result.error = "error", f"request {seq.request.request_id}: {problem}"
+            self._finished.append(seq)
+        else:
+            self._waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    # -- the step ---------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.config.max_num_seqs:
+            seq = self._waiting[0]
+            need = self.cache.pages_for(seq.budget)
+            if need > self.cache.allocator.free_pages:
+                break
+            seq.pages = self.cache.allocator.allocate(need)
+            self._running.append(self._waiting.popleft())
+
+    def _plan(self) -> list[tuple[_Sequence, int]]:
+        budget = self.config.max_batch_tokens
+        plan = []
+        for seq in sorted(self._running, key=lambda s: s.pending > 1):  # decodes first, then prefills
+            take = min(seq.pending, budget)
+            if take > 0:
+                plan.append((seq, take))
+                budget -= take
+        return plan
+
+    def _forward(self, plan: list[tuple[_Sequence, int]]) -> torch.Tensor:
+        dev, ps = self.model.device, self.config.page_size
+        ids, positions, slots = [], [], []
+        for seq, take in plan:
+            pos = list(range(seq.computed, seq.computed + take))
+            ids.extend(seq.tokens[seq.computed : seq.computed + take])
+            positions.extend(pos)
+            slots.extend(seq.pages[p // ps] * ps + p % ps for p in pos)
+        width = max(len(s.pages) for s, _ in plan)
+        table = torch.tensor([s.pages + [0] * (width - len(s.pages)) for s, _ in plan], device=dev)
+        layout = AttentionLayout.paged(torch.tensor([t for _, t in plan], device=dev),
+                                       torch.tensor([s.computed + t for s, t in plan], device=dev), table)
+        batch = ForwardBatch(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), layout,
+                             self.cache, torch.tensor(slots, device=dev),
+                             seq_ids=[s.request.request_id for s, _ in plan])
+        return self.model(batch)
+
+    @torch.no_grad()
+    def step(self) -> list[GenerationResult]:
+        """One scheduler step; returns the results that finished in it."""
+        self._admit()
+        plan = self._plan()
+        if plan:
+            with ops.use_contract(self.contract):
+                hidden = self._forward(plan)
+                self._after_forward(plan, hidden)
+        done, self._finished = self._finished, []
+        return [s.result for s in done]
+
+    def _after_forward(self, plan, hidden: torch.Tensor) -> None:
+        row, sample_rows, samplers = 0, [], []
+        for seq, take in plan:
+            if seq.score_logprobs is not None:
+                targets = seq.tokens[seq.computed + 1 : seq.computed + take + 1]
+                if targets:
+                    h = hidden[row : row + len(targets)]
+                    t = torch.tensor(targets, device=hidden.device)
+                    seq.score_logprobs.extend(self.model.logprobs(h, t).tolist())
+            seq.computed += take
+            row += take
+            if seq.pending == 0:
+                if seq.score_logprobs is not None:
+                    self._finish(seq, "stop")
+                else:
+                    sample_rows.append(row - 1)
+                    samplers.append(seq)
+        if not samplers:
+            return
+        logits = self.model.logits(hidden[sample_rows])  # [n, vocab] fp32
+        for i, seq in enumerate(samplers):
+            self._emit(seq, logits[i : i + 1])
+
+    def _emit(self, seq: _Sequence, logits_row: torch.Tensor) -> None:
+        s, res = seq.request.sampling, seq.result
+        if seq.forced is not None:
+            token = seq.forced.popleft()
+        else:
+            token = sample_token(logits_row[0], s.params, seq.generator)
+        tok = torch.tensor([token], device=logits_row.device)
+        if res.raw_logprobs is not None:
+            res.raw_logprobs.append(float(ops.logprob_from_logits(logits_row, tok)[0]))
+        if res.processed_logprobs is not None:
+            res.processed_logprobs.append(float(ops.logprob_from_logits(logits_row, tok, s.params)[0]))
+        seq.tokens.append(token)
+        res.token_ids.append(token)
+        if seq.forced is not None:
+            if not seq.forced:
+                self._finish(seq, "stop")
+        elif token in s.stop_token_ids:
+            self._finish(seq, "stop")
+        elif len(res.token_ids) >= s.max_tokens or len(seq.tokens) >= seq.budget:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: _Sequence, reason: str) -> None:
+        seq.result.finish_reason = reason
+        self._running.remove(seq)
+        self.cache.allocator.release(seq.pages)
+        seq.pages = []
+        self._finished.append(seq)
+
+    # -- conveniences -----------------------------------------------------------------------------
+    def run_until_done(self, progress: bool = False, total: int | None = None) -> list[GenerationResult]:
+        out: list[GenerationResult] = []
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=total, desc=f"{self.engine_id} generate", unit="req", leave=False)
+        while self.has_unfinished() or self._finished:
+            finished = self.step()
+            out.extend(finished)
+            if bar is not None:
+                bar.update(len(finished))
+        if bar is not None:
+            bar.close()
+        return out
+
+    def generate(self, requests: Iterable[GenerationRequest], progress: bool = False) -> list[GenerationResult]:
+        """Run requests to completion; results come back in request order."""
+        requests = list(requests)
+        for r in requests:
+            self.add_request(r)
+        by_id = {r.request_id: r for r in self.run_until_done(progress, len(requests))}
+        return [by_id[r.request_id] for r in requests]
+
+    def score(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+        """Rollout-side prefill: raw logprob of every token after the first of each sequence, computed
+        by (chunked) prefill through the paged cache. Returns fp32 tensors of length len(seq) - 1."""
+        seqs = []
+        for seq_tokens in sequences:
+            req = GenerationRequest(f"score-{next(self._ids)}", tuple(seq_tokens), logprobs_mode="raw")
+            seq = self._new_sequence(req, list(seq_tokens), len(seq_tokens))
+            seq.score_logprobs = []
+            self._enqueue(seq)
+            seqs.append(seq)
+        self.run_until_done()
+        self._raise_errors(seqs)
+        return [torch.tensor(s.score_logprobs, dtype=torch.float32) for s in seqs]
+
+    def replay(self, prompts: list[list[int]], responses: list[list[int]]) -> list[torch.Tensor]:
+        """Teacher-forced decode: prefill each prompt, then decode its given response one token per step
+        (batched with the others), recording raw logprobs exactly as generation would."""
+        seqs = []
+        for prompt, response in zip(prompts, responses):
+            req = GenerationRequest(f"replay-{next(self._ids)}", tuple(prompt), logprobs_mode="raw")
+            seq = self._new_sequence(req, list(prompt), len(prompt) + len(response))
+            seq.forced = deque(response)
+            self._enqueue(seq)
+            seqs.append(seq)
+        self.run_until_done()
+        self._raise_errors(seqs)
+        return [torch.tensor(s.result.raw_logprobs, dtype=torch.float32) for s in seqs]
+
+    @staticmethod
+    def _raise_errors(seqs) -> None:
+        errors = [s.result.error for s in seqs if s.result.error]
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    # -- weights and contract -----------------------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> str:
+        """Copy new weights in place (between steps) and return the checksum of what is now loaded."""
+        params = dict(self.model.state_dict())
+        unknown = sorted(set(state_dict) - set(params))
+        missing = sorted(set(params) - set(state_dict))
+        if unknown or missing:
+            raise ValueError(f"load_weights: unknown {unknown[:3]}, missing {missing[:3]}")
+        for name, tensor in state_dict.items():
+            if tensor.shape != params[name].shape:
+                raise ValueError(f"load_weights: {name} has shape {tuple(tensor.shape)}, "
+                                 f"expected {tuple(params[name].shape)}")
+            params[name].copy_(tensor)
+        self.weight_version = version
+        return weights_checksum(params)
+
+    def checksum(self) -> str:
+        return weights_checksum(self.model.state_dict())
+
+    def set_contract(self, contract: NumericsContract) -> None:
+        """Switch kernel paths; takes effect at the next step (the runner calls it at step boundaries)."""
+        self.contract = contract
