@@ -235,3 +235,354 @@ def native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionL
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask)
         outs.append(o.transpose(0, 1))
     return torch.cat(outs)
+
+
+
+# =====================================================================================================
+# Triton (GPU): the same schedule, one kernel for all three modes.
+#
+# A program owns one query tile of one sequence and one KV head: BLOCK_M = 64 rows, each row one
+# (query, query head of this KV head's group) pair, so BLOCK_M / group consecutive queries. For each
+# split it runs the online softmax over the split's `block_size`-key blocks in order (blocks aligned to
+# absolute positions; q.k and p.V on tensor cores, fp32 accumulation; p rounded to the value dtype for
+# the p.V product, as FlashAttention does; a block a row cannot see leaves its state untouched), and
+# merges the split states with the pairwise LSE tree over split index, evaluated as a binary counter
+# (a stack of complete subtrees: slot l holds a finished subtree of 2^l splits; the final fold adds
+# the slots of n's set bits from the smallest up; that is exactly the pairwise tree, and a query's
+# trailing invisible splits are exact pass-throughs, so every query gets the tree of its own splits).
+#
+# Why prefill, chunked prefill and decode give the same bits: the tile shape (BLOCK_M x block_size,
+# head_dim), num_warps and therefore every register layout and per-row reduction are the same in every
+# mode; a row's result depends on its q, the keys 0..p and the schedule only. Decode with few programs
+# computes the split states in parallel (MODE 1, one program per split, states stored in fp32) and
+# merges them in a second launch (MODE 2) with the same @jit merge code: an fp32 store/load is exact,
+# so the tree sees the same values. FMA fusion is off (kernels/_triton.py): each merge rounds as written.
+# =====================================================================================================
+from rlkit.kernels import _triton as _tr  # noqa: E402
+from rlkit.kernels._triton import jit, tl  # noqa: E402
+
+BLOCK_M = 64
+"""Rows a program: the wgmma M of one warpgroup; fixed for every mode (see above)."""
+NUM_WARPS = 8
+"""Two warpgroups share the 64 x head_dim accumulator (32 fp32 registers a thread per split state), so
+the split-tree stack of a 16k-token prefill (7 states) stays mostly in registers."""
+LAST: dict = {}
+"""The last compiled kernel of each mode (benchmarks read its registers and spills)."""
+MAX_SLOTS = 8
+"""Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
+
+
+@jit
+def _merge_states(ma, la, aa, mb, lb, ab):
+    """Merge split state b (the right subtree) into a, as the reference's `_merge`: through their
+    log-sum-exp; b with no visible key passes a through unchanged."""
+    vb = mb > float("-inf")
+    m = tl.maximum(ma, mb)
+    wa = tl.exp(ma - m)
+    wb = tl.exp(mb - m)
+    l = la * wa + lb * wb
+    acc = aa * wa[:, None] + ab * wb[:, None]
+    return tl.where(vb, m, ma), tl.where(vb, l, la), tl.where(vb[:, None], acc, aa)
+
+
+@jit
+def _stack_step(s, LVL: tl.constexpr, sm, sl, sa, cm, cl, ca, done):
+    """Binary-counter step at level LVL after leaf s: merge into the carry while s's bits are 1, park the
+    carry in the first slot whose bit is 0."""
+    if done == 0:
+        if ((s >> LVL) & 1) == 1:
+            cm, cl, ca = _merge_states(sm, sl, sa, cm, cl, ca)
+        else:
+            sm, sl, sa = cm, cl, ca
+            done = done + 1
+    return sm, sl, sa, cm, cl, ca, done
+
+
+@jit
+def _fold_step(n, LVL: tl.constexpr, sm, sl, sa, fm, fl, fa, have):
+    """Final fold: the slots of n's set bits, smallest subtree first (the right side of the tree)."""
+    if ((n >> LVL) & 1) == 1:
+        if have == 0:
+            fm, fl, fa = sm, sl, sa
+            have = have + 1
+        else:
+            fm, fl, fa = _merge_states(sm, sl, sa, fm, fl, fa)
+    return fm, fl, fa, have
+
+
+@jit
+def _split_state(q, pos, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_ptr, stride_kt,
+                 stride_ks, stride_kh, stride_bt, page, scale,
+                 BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
+                 PAGED: tl.constexpr, IEEE: tl.constexpr):
+    """Online softmax of split s for the tile's rows over key blocks [s*SPLIT, ...) in order."""
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    l = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, D), tl.float32)
+    ds = tl.arange(0, D)
+    lo = s * SPLIT
+    hi = tl.minimum(lo + SPLIT, last_pos + 1)
+    for b0 in range(lo, hi, BN):
+        kp = b0 + tl.arange(0, BN)
+        kvalid = kp < ctx
+        if PAGED:
+            pg = tl.load(bt_ptr + seq.to(tl.int64) * stride_bt + kp // page, mask=kvalid, other=0)
+            krow = pg.to(tl.int64) * stride_kt + (kp % page).to(tl.int64) * stride_ks
+        else:
+            krow = (k_base + kp).to(tl.int64) * stride_kt
+        krow = krow + kvh * stride_kh
+        kt = tl.load(k_ptr + krow[None, :] + ds[:, None], mask=kvalid[None, :], other=0.0)  # [D, BN]
+        vb = tl.load(v_ptr + krow[:, None] + ds[None, :], mask=kvalid[:, None], other=0.0)  # [BN, D]
+        if IEEE:
+            qk = tl.dot(q, kt, input_precision="ieee")
+        else:
+            qk = tl.dot(q, kt)
+        vis = kp[None, :] <= pos[:, None]
+        sc = tl.where(vis, qk * scale, float("-inf"))
+        m_blk = tl.max(sc, axis=1)
+        seen = m_blk > float("-inf")
+        m_new = tl.maximum(m, m_blk)
+        m_use = tl.where(seen, m_new, 0.0)
+        alpha = tl.exp(m - m_use)
+        p = tl.exp(sc - m_use[:, None])
+        l_new = l * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            pv = tl.dot(p, vb, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(vb.dtype), vb)
+        acc_new = acc * alpha[:, None] + pv
+        m = tl.where(seen, m_new, m)
+        l = tl.where(seen, l_new, l)
+        acc = tl.where(seen[:, None], acc_new, acc)
+    return m, l, acc
+
+
+@jit
+def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, wsm_ptr, wsa_ptr, tile_seq_ptr, tile_q0_ptr, cu_q_ptr,
+                 qstart_ptr, ctx_ptr, cu_k_ptr, bt_ptr, stride_qt, stride_qh, stride_kt, stride_ks,
+                 stride_kh, stride_bt, page, H, MAXS, scale,
+                 GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
+                 D: tl.constexpr, PAGED: tl.constexpr, NSLOTS: tl.constexpr, MODE: tl.constexpr,
+                 IEEE: tl.constexpr):
+    """MODE 0: all splits and the tree in one program; 1: split program_id(2) only, state to the
+    workspace; 2: the tree over the workspace's states."""
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    seq = tl.load(tile_seq_ptr + tile)
+    q0 = tl.load(tile_q0_ptr + tile)
+    q_lo = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_lo
+    start = tl.load(qstart_ptr + seq)
+    ctx = tl.load(ctx_ptr + seq)
+    rows = tl.arange(0, BM)
+    qi = q0 + rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    row_ok = qi < q_len
+    tok = (q_lo + qi).to(tl.int64)
+    pos = tl.where(row_ok, start + qi, -1)
+    last_pos = start + tl.minimum(q0 + BM // GROUP, q_len) - 1
+    n_splits = last_pos // SPLIT + 1
+    ds = tl.arange(0, D)
+    if PAGED:
+        k_base = 0
+    else:
+        k_base = tl.load(cu_k_ptr + seq)
+    ws_row = (tok * H + head) * MAXS  # workspace index of (token, head, split 0)
+    if MODE == 1:
+        s = tl.program_id(2)
+        if s < n_splits:
+            q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + ds[None, :],
+                        mask=row_ok[:, None], other=0.0)
+            m, l, acc = _split_state(q, pos, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_ptr,
+                                     stride_kt, stride_ks, stride_kh, stride_bt, page, scale,
+                                     BM, BN, SPLIT, D, PAGED, IEEE)
+            tl.store(wsm_ptr + (ws_row + s) * 2, m, mask=row_ok)
+            tl.store(wsm_ptr + (ws_row + s) * 2 + 1, l, mask=row_ok)
+            tl.store(wsa_ptr + (ws_row + s)[:, None] * D + ds[None, :], acc, mask=row_ok[:, None])
+    else:
+        if MODE == 0:
+            q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + ds[None, :],
+                        mask=row_ok[:, None], other=0.0)
+        fm = tl.full((BM,), float("-inf"), tl.float32)
+        fl = tl.zeros((BM,), tl.float32)
+        fa = tl.zeros((BM, D), tl.float32)
+        m0, l0, a0 = fm, fl, fa
+        m1, l1, a1 = fm, fl, fa
+        m2, l2, a2 = fm, fl, fa
+        m3, l3, a3 = fm, fl, fa
+        m4, l4, a4 = fm, fl, fa
+        m5, l5, a5 = fm, fl, fa
+        m6, l6, a6 = fm, fl, fa
+        m7, l7, a7 = fm, fl, fa
+        for s in range(0, n_splits):
+            if MODE == 0:
+                cm, cl, ca = _split_state(q, pos, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_ptr,
+                                          stride_kt, stride_ks, stride_kh, stride_bt, page, scale,
+                                          BM, BN, SPLIT, D, PAGED, IEEE)
+            else:
+                cm = tl.load(wsm_ptr + (ws_row + s) * 2, mask=row_ok, other=float("-inf"))
+                cl = tl.load(wsm_ptr + (ws_row + s) * 2 + 1, mask=row_ok, other=0.0)
+                ca = tl.load(wsa_ptr + (ws_row + s)[:, None] * D + ds[None, :], mask=row_ok[:, None],
+                             other=0.0)
+            done = s * 0
+            if NSLOTS > 0:
+                m0, l0, a0, cm, cl, ca, done = _stack_step(s, 0, m0, l0, a0, cm, cl, ca, done)
+            if NSLOTS > 1:
+                m1, l1, a1, cm, cl, ca, done = _stack_step(s, 1, m1, l1, a1, cm, cl, ca, done)
+            if NSLOTS > 2:
+                m2, l2, a2, cm, cl, ca, done = _stack_step(s, 2, m2, l2, a2, cm, cl, ca, done)
+            if NSLOTS > 3:
+                m3, l3, a3, cm, cl, ca, done = _stack_step(s, 3, m3, l3, a3, cm, cl, ca, done)
+            if NSLOTS > 4:
+                m4, l4, a4, cm, cl, ca, done = _stack_step(s, 4, m4, l4, a4, cm, cl, ca, done)
+            if NSLOTS > 5:
+                m5, l5, a5, cm, cl, ca, done = _stack_step(s, 5, m5, l5, a5, cm, cl, ca, done)
+            if NSLOTS > 6:
+                m6, l6, a6, cm, cl, ca, done = _stack_step(s, 6, m6, l6, a6, cm, cl, ca, done)
+            if NSLOTS > 7:
+                m7, l7, a7, cm, cl, ca, done = _stack_step(s, 7, m7, l7, a7, cm, cl, ca, done)
+        have = n_splits * 0
+        if NSLOTS > 0:
+            fm, fl, fa, have = _fold_step(n_splits, 0, m0, l0, a0, fm, fl, fa, have)
+        if NSLOTS > 1:
+            fm, fl, fa, have = _fold_step(n_splits, 1, m1, l1, a1, fm, fl, fa, have)
+        if NSLOTS > 2:
+            fm, fl, fa, have = _fold_step(n_splits, 2, m2, l2, a2, fm, fl, fa, have)
+        if NSLOTS > 3:
+            fm, fl, fa, have = _fold_step(n_splits, 3, m3, l3, a3, fm, fl, fa, have)
+        if NSLOTS > 4:
+            fm, fl, fa, have = _fold_step(n_splits, 4, m4, l4, a4, fm, fl, fa, have)
+        if NSLOTS > 5:
+            fm, fl, fa, have = _fold_step(n_splits, 5, m5, l5, a5, fm, fl, fa, have)
+        if NSLOTS > 6:
+            fm, fl, fa, have = _fold_step(n_splits, 6, m6, l6, a6, fm, fl, fa, have)
+        if NSLOTS > 7:
+            fm, fl, fa, have = _fold_step(n_splits, 7, m7, l7, a7, fm, fl, fa, have)
+        out = tl.math.div_rn(fa, fl[:, None] + tl.zeros_like(fa))
+        tl.store(o_ptr + (tok * H + head)[:, None] * D + ds[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+
+
+_PLAN_CACHE: list = [None, None]
+"""(key, plan) of the last call: every layer of one forward shares its layout, so the host-side tile
+map is built once per forward, not once per layer."""
+
+
+def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContract, mode: str | None = None):
+    """Host-side preparation of a launch (tile map, split count, strides): reusable while the layout is."""
+    key = (id(layout), tuple(q_shape), tuple(k.shape), tuple(k.stride()), contract.attention, mode, str(k.device))
+    if _PLAN_CACHE[0] == key and _PLAN_CACHE[1]["layout"] is layout:
+        return _PLAN_CACHE[1]
+    spec = contract.attention
+    t, heads, d = q_shape
+    kv_heads = k.shape[-2]
+    group = heads // kv_heads
+    bq = BLOCK_M // group
+    q_lens = (layout.cu_seqlens_q[1:] - layout.cu_seqlens_q[:-1]).tolist()
+    starts = layout.query_start.tolist()
+    tile_seq, tile_q0, max_splits = [], [], 1
+    for i, (n, st) in enumerate(zip(q_lens, starts)):
+        for q0 in range(0, n, bq):
+            tile_seq.append(i)
+            tile_q0.append(q0)
+            max_splits = max(max_splits, (st + min(q0 + bq, n) - 1) // spec.split_size + 1)
+    dev = k.device
+    plan = dict(layout=layout, tiles=len(tile_seq), max_splits=max_splits, nslots=max_splits.bit_length(),
+                kv_heads=kv_heads, group=group, d=d, heads=heads, t=t)
+    if tile_seq:
+        plan["tile_seq"] = torch.tensor(tile_seq, dtype=torch.int32, device=dev)
+        plan["tile_q0"] = torch.tensor(tile_q0, dtype=torch.int32, device=dev)
+    plan["cu_q"] = layout.cu_seqlens_q.to(device=dev, dtype=torch.int32)
+    plan["qstart"] = layout.query_start.to(device=dev, dtype=torch.int32)
+    plan["ctx"] = layout.context_lens.to(device=dev, dtype=torch.int32)
+    if layout.paged_keys:
+        plan["cu_k"] = plan["cu_q"]
+        plan["bt"] = layout.block_table.to(device=dev, dtype=torch.int32).contiguous()
+        plan["k_strides"] = (k.shape[1], k.stride(0), k.stride(1), k.stride(2), plan["bt"].stride(0))
+    else:
+        plan["cu_k"] = layout.cu_seqlens_k.to(device=dev, dtype=torch.int32)
+        plan["bt"] = plan["cu_q"]
+        plan["k_strides"] = (1, k.stride(0), 0, k.stride(1), 0)
+    if mode is None:
+        decode = max(q_lens) == 1 if q_lens else True
+        mode = ("split" if decode and len(tile_seq) * kv_heads < 2 * _tr.sm_count(dev) and max_splits > 1
+                else "fused")
+    plan["mode"] = mode
+    _PLAN_CACHE[0], _PLAN_CACHE[1] = key, plan
+    return plan
+
+
+def launch(plan: dict, q, k, v, contract: NumericsContract) -> torch.Tensor:
+    """Run a prepared launch (the benchmarks time this alone)."""
+    spec = contract.attention
+    t, heads, d = q.shape
+    out = torch.empty(t, heads, d, dtype=q.dtype, device=q.device)
+    if not plan["tiles"]:
+        return out
+    page, stride_kt, stride_ks, stride_kh, stride_bt = plan["k_strides"]
+    common = dict(GROUP=plan["group"], BM=BLOCK_M, BN=spec.block_size, SPLIT=spec.split_size, D=d,
+                  PAGED=plan["layout"].paged_keys, NSLOTS=plan["nslots"], IEEE=q.dtype == torch.float32,
+                  num_warps=NUM_WARPS, **_tr.launch_options())
+    args = (plan["tile_seq"], plan["tile_q0"], plan["cu_q"], plan["qstart"], plan["ctx"], plan["cu_k"], plan["bt"],
+            q.stride(0), q.stride(1), stride_kt, stride_ks, stride_kh, stride_bt, page, heads,
+            plan["max_splits"], float(d ** -0.5))
+    grid = (plan["tiles"], plan["kv_heads"])
+    if plan["mode"] == "fused":
+        dummy = out.new_empty(1, dtype=torch.float32)
+        LAST["fused"] = _attn_kernel[grid](q, k, v, out, dummy, dummy, *args, MODE=0, **common)
+    else:
+        wsm = torch.empty(t * heads * plan["max_splits"] * 2, dtype=torch.float32, device=q.device)
+        wsa = torch.empty(t * heads * plan["max_splits"] * d, dtype=torch.float32, device=q.device)
+        LAST["split"] = _attn_kernel[grid + (plan["max_splits"],)](q, k, v, out, wsm, wsa, *args, MODE=1, **common)
+        _attn_kernel[grid](q, k, v, out, wsm, wsa, *args, MODE=2, **common)
+    return out
+
+
+def triton_attention(q, k, v, layout: AttentionLayout, contract: NumericsContract, mode: str | None = None):
+    """The Triton strict attention. mode: None (chosen: split-parallel for decode batches too small to
+    fill the GPU, else one pass), "fused" or "split"; all give the same bits."""
+    check_inputs(q, k, v, layout)
+    if k.stride(-1) != 1 or v.stride() != k.stride():
+        k, v = k.contiguous(), v.contiguous()
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    plan = attention_plan(q.shape, k, layout, contract, mode)
+    if plan["nslots"] > MAX_SLOTS:  # longer than the unrolled stack: the reference keeps the contract
+        return reference(q, k, v, layout, contract)
+    return launch(plan, q, k, v, contract)
+
+
+def gpu_supported(q, k, contract: NumericsContract) -> bool:
+    heads, kv_heads, d = q.shape[1], k.shape[-2], q.shape[-1]
+    spec = contract.attention
+    group = heads // kv_heads if kv_heads else 0
+    return (_tr.HAVE_TRITON and group > 0 and BLOCK_M % group == 0 and d & (d - 1) == 0 and 16 <= d <= 256
+            and spec.block_size & (spec.block_size - 1) == 0 and 16 <= spec.block_size <= 128
+            and q.dtype in (torch.bfloat16, torch.float16, torch.float32))
+
+
+class _StrictAttention(torch.autograd.Function):
+    """Forward: the strict Triton attention. Backward: native (torch SDPA recomputed under autograd)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout, contract):
+        ctx.save_for_backward(q, k, v)
+        ctx.layout = layout
+        return triton_attention(q, k, v, layout, contract)
+
+    @staticmethod
+    def backward(ctx, go):
+        q, k, v = ctx.saved_tensors
+        with torch.enable_grad():
+            qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+            out = native(qq, kk, vv, ctx.layout)
+            gq, gk, gv = torch.autograd.grad(out, (qq, kk, vv), go)
+        return gq, gk, gv, None, None
+
+
+def strict(q, k, v, layout: AttentionLayout, contract: NumericsContract):
+    """Strict attention: the Triton kernel for CUDA tensors, the reference otherwise."""
+    if _tr.on_gpu(q, k, v) and gpu_supported(q, k, contract):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            return _StrictAttention.apply(q, k, v, layout, contract)
+        return triton_attention(q, k, v, layout, contract)
+    return reference(q, k, v, layout, contract)

@@ -16,6 +16,8 @@ partials and combines the top levels of the same tree, so TP 1, 2 and 4 give the
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -55,6 +57,28 @@ def _tile_rows(x2d: torch.Tensor, row_tile: int) -> tuple[torch.Tensor, int]:
     return x2d, m
 
 
+# Inference reuses the same weights every step: their fp32 chunk copies are kept per weight tensor and
+# dropped when the tensor changes (its in-place version counter moves) or dies. Never used when autograd
+# needs the graph back to the weight.
+# (Keyed by id with a weak reference: tensors cannot be dictionary keys by value.)
+_WEIGHT_CHUNKS: dict[int, tuple] = {}
+
+
+def _weight_chunks(w: torch.Tensor, bounds: list[tuple[int, int]]) -> list[torch.Tensor]:
+    cacheable = not (torch.is_grad_enabled() and w.requires_grad)
+    key = (w._version, w.data_ptr(), tuple(bounds))
+    if cacheable:
+        hit = _WEIGHT_CHUNKS.get(id(w))
+        if hit is not None and hit[0]() is w and hit[1] == key:
+            return hit[2]
+    wf = w.float()
+    chunks = [wf[:, lo:hi].contiguous() for lo, hi in bounds]
+    if cacheable:
+        ident = id(w)
+        _WEIGHT_CHUNKS[ident] = (weakref.ref(w, lambda _r: _WEIGHT_CHUNKS.pop(ident, None)), key, chunks)
+    return chunks
+
+
 def partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1) -> torch.Tensor:
     """fp32 partial sum of this shard's K range: the tree over its k_chunks/shards chunks, unrounded.
 
@@ -69,12 +93,11 @@ def partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards
     bounds = _chunk_bounds(w.shape[1], chunks_total // shards, contract)
     lead = x.shape[:-1]
     x2d = x.reshape(-1, x.shape[-1]).float()
-    wf = w.float()
     tile = contract.gemm.row_tile
     padded, m = _tile_rows(x2d, tile)
     # Every operand is made contiguous in one canonical layout ([rows, kc] and [N, kc]), so a TP shard
     # (whose row stride is K/tp) hands the backend exactly what the unsharded layer does.
-    w_chunks = [wf[:, lo:hi].contiguous() for lo, hi in bounds]
+    w_chunks = _weight_chunks(w, bounds)
     x_chunks = [padded[:, lo:hi].contiguous() for lo, hi in bounds]
     out = torch.empty(padded.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
     for r in range(0, padded.shape[0], tile):
@@ -94,3 +117,308 @@ def native(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = Non
     check_inputs(x, w)
     y = F.linear(x, w)
     return y if out_dtype is None else y.to(out_dtype)
+
+
+# =====================================================================================================
+# Triton (GPU): the same contract, on tensor cores.
+#
+# What fixes a product's bits on the GPU, for every M: each K chunk [c*K/C, (c+1)*K/C) is summed from
+# zero by a chain of tensor-core MMAs over `k_tile`-wide steps in K order (each step is k16 MMA steps,
+# accumulated in fp32 in the instruction's fixed order); the C chunk sums meet in the pairwise tree in
+# fp32; one rounding to the output dtype. Every launcher below runs exactly that; they differ only in
+# which program computes which tile and chunk:
+# - `_gemm_swapped_kernel` (decode, M <= 64): weights are the MMA's row operand (swap-AB), tokens its
+#   column operand, and the grid runs over N tiles x K chunks, so the weights stream at full bandwidth
+#   even for one token; the last of a tile's C programs to arrive (an atomic counter) loads the C fp32
+#   partials and adds them in the tree;
+# - `_gemm_tiles_kernel` (M > 64): [BM x BN] output tiles; either one program walks the C chunks and
+#   adds them in registers in the tree (SPLIT=False), or, when there are too few tiles to fill the GPU,
+#   the C chunks go to C programs that combine as above (SPLIT=True).
+# Where the chunk sums meet (registers or an fp32 workspace) and the tile shape never change a value: an
+# fp32 store/load is exact and fp32 addition is commutative, so only the tree's grouping matters, and
+# that is fixed. tests/gpu/test_kernels_gpu.py proves it on the H200: all launch configurations give
+# identical bits, a row alone equals the same row in batches on both sides of every threshold.
+# =====================================================================================================
+from rlkit.kernels import _triton as _tr  # noqa: E402
+from rlkit.kernels._triton import jit, tl  # noqa: E402
+
+TREE_CHUNKS = (1, 2, 4, 8)
+"""Chunk counts the GPU kernels implement (the tree is unrolled); others use the reference."""
+
+
+@jit
+def _chunk_rows(x_ptr, w_ptr, rows, cols, k_lo, k_hi, stride_x, stride_w,
+                BR: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                IEEE: tl.constexpr):
+    """fp32 [BR, BC] = sum over k in [k_lo, k_hi) of x[rows, k] * w[cols, k], BK steps in K order.
+    `rows`/`cols` are already clamped into range (out-of-range tiles reload valid rows; the store masks)."""
+    offs_k = tl.arange(0, BK)
+    acc = tl.zeros((BR, BC), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        ks = k0 + offs_k
+        a_ptrs = x_ptr + rows[:, None] * stride_x + ks[None, :]
+        b_ptrs = w_ptr + cols[None, :] * stride_w + ks[:, None]
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:  # a short last step is zero-padded: the padding adds exact zeros
+            a = tl.load(a_ptrs, mask=ks[None, :] < k_hi, other=0.0)
+            b = tl.load(b_ptrs, mask=ks[:, None] < k_hi, other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    return acc
+
+
+@jit
+def _chunk_tree(x_ptr, w_ptr, rows, cols, KC, stride_x, stride_w, C: tl.constexpr,
+                BR: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                IEEE: tl.constexpr):
+    """All C chunk sums of one tile, combined in registers by the pairwise tree (C in 1, 2, 4, 8)."""
+    if C == 1:
+        tot = _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+    elif C == 2:
+        c0 = _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        c1 = _chunk_rows(x_ptr, w_ptr, rows, cols, KC, 2 * KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        tot = c0 + c1
+    elif C == 4:
+        c0 = _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        c1 = _chunk_rows(x_ptr, w_ptr, rows, cols, KC, 2 * KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        s01 = c0 + c1
+        c2 = _chunk_rows(x_ptr, w_ptr, rows, cols, 2 * KC, 3 * KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        c3 = _chunk_rows(x_ptr, w_ptr, rows, cols, 3 * KC, 4 * KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        tot = s01 + (c2 + c3)
+    else:  # C == 8: ((c0+c1)+(c2+c3)) + ((c4+c5)+(c6+c7))
+        c0 = _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        c1 = _chunk_rows(x_ptr, w_ptr, rows, cols, KC, 2 * KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        s01 = c0 + c1
+        c2 = _chunk_rows(x_ptr, w_ptr, rows, cols, 2 * KC, 3 * KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        c3 = _chunk_rows(x_ptr, w_ptr, rows, cols, 3 * KC, 4 * KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        s03 = s01 + (c2 + c3)
+        c4 = _chunk_rows(x_ptr, w_ptr, rows, cols, 4 * KC, 5 * KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        c5 = _chunk_rows(x_ptr, w_ptr, rows, cols, 5 * KC, 6 * KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        s45 = c4 + c5
+        c6 = _chunk_rows(x_ptr, w_ptr, rows, cols, 6 * KC, 7 * KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        c7 = _chunk_rows(x_ptr, w_ptr, rows, cols, 7 * KC, 8 * KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        tot = s03 + (s45 + (c6 + c7))
+    return tot
+
+
+@jit
+def _tree_load(ws_ptr, offs, mask, MN, C: tl.constexpr):
+    """The pairwise tree over C fp32 partials stored at ws[c * MN + offs] (L2 loads: other SMs wrote them)."""
+    p0 = tl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    p1 = tl.load(ws_ptr + MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    tot = p0 + p1
+    if C >= 4:
+        p2 = tl.load(ws_ptr + 2 * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        p3 = tl.load(ws_ptr + 3 * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        tot = tot + (p2 + p3)
+    if C == 8:
+        p4 = tl.load(ws_ptr + 4 * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        p5 = tl.load(ws_ptr + 5 * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        p6 = tl.load(ws_ptr + 6 * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        p7 = tl.load(ws_ptr + 7 * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        tot = tot + ((p4 + p5) + (p6 + p7))
+    return tot
+
+
+@jit
+def _arrive_and_combine(part, chunk, ws_ptr, ws_offs, mask, MN, cnt_ptr, y_ptr, y_offs,
+                        C: tl.constexpr):
+    """Store this chunk's fp32 partial; the last of the C programs of the tile adds all C in the tree
+    and writes the rounded result. The counter is reset by that program, ready for the next launch.
+    Ordering: a CTA barrier, then one release/acquire atomic at GPU scope (the pattern of CUTLASS's
+    semaphore), then L2 loads of the partials."""
+    tl.store(ws_ptr + chunk * MN + ws_offs, part, mask=mask)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+    if arrived == C - 1:
+        tot = _tree_load(ws_ptr, ws_offs, mask, MN, C)
+        tl.store(y_ptr + y_offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@jit
+def _gemm_swapped_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_x, stride_w, stride_y,
+                         C: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                         EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+    """Decode GEMM: program (n tile, chunk, token tile) computes w[n tile] . x[tokens]^T over one chunk."""
+    pid_n = tl.program_id(0)
+    chunk = tl.program_id(1)
+    pid_t = tl.program_id(2)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_t = pid_t * BT + tl.arange(0, BT)
+    cols_w = offs_n % N
+    rows_x = offs_t % M
+    k_lo = chunk * KC
+    part = _chunk_rows(w_ptr + k_lo, x_ptr + k_lo, cols_w, rows_x, 0, KC, stride_w, stride_x,
+                       BN, BT, BK, EVEN_K, IEEE)  # [BN, BT]
+    mask = (offs_n[:, None] < N) & (offs_t[None, :] < M)
+    y_offs = offs_t[None, :] * stride_y + offs_n[:, None]
+    if C == 1:
+        tl.store(y_ptr + y_offs, part.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tile = pid_t * tl.num_programs(0) + pid_n
+        _arrive_and_combine(part, chunk, ws_ptr, offs_t[None, :] * N + offs_n[:, None], mask, M * N,
+                            cnt_ptr + tile, y_ptr, y_offs, C)
+
+
+@jit
+def _gemm_tiles_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_x, stride_w, stride_y,
+                       C: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+    """Prefill/training GEMM over [BM x BN] tiles (grouped order so a weight tile is reused from L2)."""
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(M, BM)
+    n_n = tl.cdiv(N, BN)
+    width = GROUP_M * n_n
+    first_m = (pid // width) * GROUP_M
+    group_rows = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % group_rows
+    pid_n = (pid % width) // group_rows
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    rows = offs_m % M
+    cols = offs_n % N
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    y_offs = offs_m[:, None] * stride_y + offs_n[None, :]
+    if SPLIT:
+        chunk = tl.program_id(1)
+        k_lo = chunk * KC
+        part = _chunk_rows(x_ptr + k_lo, w_ptr + k_lo, rows, cols, 0, KC, stride_x, stride_w,
+                           BM, BN, BK, EVEN_K, IEEE)
+        _arrive_and_combine(part, chunk, ws_ptr, offs_m[:, None] * N + offs_n[None, :], mask, M * N,
+                            cnt_ptr + pid, y_ptr, y_offs, C)
+    else:
+        tot = _chunk_tree(x_ptr, w_ptr, rows, cols, KC, stride_x, stride_w, C, BM, BN, BK, EVEN_K, IEEE)
+        tl.store(y_ptr + y_offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# -- launch plans: which kernel and tile for a shape. None of these choices changes a bit (see above).
+SMALL_M = 64
+"""M <= SMALL_M runs the swapped (decode) kernel."""
+
+
+def plan(m: int, n: int, device: torch.device, override: dict | None = None) -> dict:
+    """Launch configuration for an [m, K] x [n, K]^T product. Fixed per M range; each number's reason:
+    - decode: BN=64 weight rows per program (the wgmma M of one warpgroup, 4 warps) so N/64 x C programs
+      fill the GPU; BT = tokens padded to 16/32/64 (wgmma N); 5 stages keep ~50 KB of weights in flight
+      per program, enough for HBM latency;
+    - prefill/training: 128x128 tiles, 8 warps (two warpgroups, 64 fp32 accumulator registers a thread,
+      so the tree's three live chunk sums fit), 4 stages of 64-wide K steps (64 KB of shared memory);
+      the C chunks go to separate programs when the tiles alone would leave SMs idle."""
+    if override:
+        return dict(override)
+    if m <= SMALL_M:
+        return dict(kind="swapped", BN=64, BT=max(16, _tr.next_pow2(m)), num_warps=4, num_stages=5)
+    tiles = _tr.cdiv(m, 128) * _tr.cdiv(n, 128)
+    split = tiles < _tr.sm_count(device)
+    return dict(kind="tiles", BM=128, BN=128, GROUP_M=8, split=split, num_warps=8, num_stages=4)
+
+
+_COUNTERS: dict[str, torch.Tensor] = {}
+LAST: dict = {}
+"""The last compiled kernel of each kind (benchmarks read its registers and spills)."""
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters, one per output tile; every launch leaves them zero again.
+    (One buffer per device: two strict GEMMs must not run at once on different streams.)"""
+    key = str(device)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def supported(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1) -> bool:
+    c = contract.gemm.k_chunks // max(shards, 1)
+    return (_tr.HAVE_TRITON and c in TREE_CHUNKS and contract.gemm.k_chunks % max(shards, 1) == 0
+            and w.shape[1] % c == 0 and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+            and x.dtype == w.dtype)
+
+
+def triton_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1,
+                   out_dtype: torch.dtype = torch.float32, config: dict | None = None) -> torch.Tensor:
+    """The Triton strict GEMM: tree over this shard's k_chunks/shards chunks, rounded once to out_dtype
+    (fp32: no rounding, the `partial` semantics). x [..., K], w [N, K] (K contiguous)."""
+    check_inputs(x, w)
+    c = contract.gemm.k_chunks // shards
+    k = w.shape[1]
+    if k % c:
+        _chunk_bounds(k, c, contract)  # raises the reference's error
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    w = w if w.stride(-1) == 1 else w.contiguous()
+    m, n = x2.shape[0], w.shape[0]
+    y = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    if m == 0:
+        return y.reshape(*lead, n)
+    kc = k // c
+    bk = contract.gemm.k_tile
+    cfg = plan(m, n, x.device, config)
+    ieee = x.dtype == torch.float32
+    even_k = kc % bk == 0
+    opts = _tr.launch_options()
+    if cfg["kind"] == "swapped":
+        grid = (_tr.cdiv(n, cfg["BN"]), c, _tr.cdiv(m, cfg["BT"]))
+        ws = torch.empty(c * m * n if c > 1 else 1, dtype=torch.float32, device=x.device)
+        cnt = _counters(x.device, grid[0] * grid[2])
+        LAST["swapped"] = _gemm_swapped_kernel[grid](x2, w, y, ws, cnt, m, n, kc, x2.stride(0), w.stride(0), y.stride(0),
+                                   C=c, BN=cfg["BN"], BT=cfg["BT"], BK=bk, EVEN_K=even_k, IEEE=ieee,
+                                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
+    else:
+        split = bool(cfg["split"]) and c > 1
+        tiles = _tr.cdiv(m, cfg["BM"]) * _tr.cdiv(n, cfg["BN"])
+        grid = (tiles, c if split else 1)
+        ws = torch.empty(c * m * n if split else 1, dtype=torch.float32, device=x.device)
+        cnt = _counters(x.device, tiles)
+        LAST["tiles"] = _gemm_tiles_kernel[grid](x2, w, y, ws, cnt, m, n, kc, x2.stride(0), w.stride(0), y.stride(0),
+                                 C=c, SPLIT=split, BM=cfg["BM"], BN=cfg["BN"], BK=bk,
+                                 GROUP_M=cfg["GROUP_M"], EVEN_K=even_k, IEEE=ieee,
+                                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
+    return y.reshape(*lead, n)
+
+
+# -- the strict entry points rlkit.ops calls ------------------------------------------------------------
+class _StrictLinear(torch.autograd.Function):
+    """Forward: the strict Triton GEMM. Backward: native cuBLAS products in the model dtype (gradients
+    need not be bitwise; only the forward's logprobs are compared)."""
+
+    @staticmethod
+    def forward(ctx, x, w, contract, out_dtype):
+        ctx.save_for_backward(x, w)
+        return triton_partial(x, w, contract, 1, out_dtype or x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        g = grad.to(x.dtype)
+        gx = g @ w if ctx.needs_input_grad[0] else None
+        gw = (g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
+        return gx, gw, None, None
+
+
+def strict(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Strict y = x @ w.T: the Triton kernel for CUDA tensors, the reference otherwise."""
+    if _tr.on_gpu(x, w) and supported(x, w, contract):
+        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+            return _StrictLinear.apply(x, w, contract, out_dtype)
+        return triton_partial(x, w, contract, 1, out_dtype or x.dtype)
+    return reference(x, w, contract, out_dtype)
+
+
+def strict_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1) -> torch.Tensor:
+    """fp32 subtree partial of a row-parallel shard (forward only on the GPU path)."""
+    if _tr.on_gpu(x, w) and supported(x, w, contract, shards) and not (
+            torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
+        if shards < 1 or contract.gemm.k_chunks % shards:
+            return partial(x, w, contract, shards)  # raises the reference's error
+        return triton_partial(x, w, contract, shards, torch.float32)
+    return partial(x, w, contract, shards)

@@ -163,3 +163,157 @@ def native_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor,
 def native(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor,
            params: SamplingParams | None = None) -> torch.Tensor:
     return native_from_logits(native_logits(hidden, weight), token_ids, params)
+
+
+# =====================================================================================================
+# Triton (GPU). logits: the strict GEMM (kernels/gemm.py) with its single rounding to fp32. Logprobs:
+# one program per row walks the vocabulary chunks of `vocab_chunk` entries in order; a chunk gives
+# (max, sum of exp(x - max)), its sum a fixed reduction of the [vocab_chunk] tile (the layout depends
+# on vocab_chunk and num_warps only, never on the number of rows); the chunk states merge by the
+# pairwise LSE tree (adjacent pairs level by level: reshape + split, the reference's tree exactly, with
+# trailing empty chunks as exact pass-throughs); logprob = logit[t] - lse. exp/log: Triton's fp32
+# primitives (ex2/lg2 based). The fused path cuts the rows into blocks of
+# max(row_block, GPU_ROW_BLOCK) rows: per block the fp32 logits [rows x vocab] are computed and
+# reduced, never the whole [tokens x vocab]; the row block never changes a bit (rows are independent).
+# =====================================================================================================
+from rlkit.kernels import _triton as _tr  # noqa: E402
+from rlkit.kernels._triton import jit, tl  # noqa: E402
+
+GPU_ROW_BLOCK = 1024
+"""Rows per fused block on the GPU: the lm_head GEMM at 1024 rows is compute-bound on the H200 (at 256
+it re-reads the 1.2 GB weight 4x as often); 1024 x 151,936 fp32 logits are 622 MB."""
+
+
+@jit
+def _lse_merge(ma, sa, mb, sb):
+    """Merge two (max, sum) states as the reference's `lse.merge`; an all -inf state is empty."""
+    m = tl.maximum(ma, mb)
+    safe = tl.where(m == float("-inf"), 0.0, m)
+    wa = tl.where(ma == float("-inf"), 0.0, tl.exp(ma - safe))
+    wb = tl.where(mb == float("-inf"), 0.0, tl.exp(mb - safe))
+    return m, sa * wa + sb * wb
+
+
+@jit
+def _logprob_rows_kernel(z_ptr, ids_ptr, out_ptr, V, stride_z, VC: tl.constexpr, NC: tl.constexpr,
+                         LOG_NC: tl.constexpr):
+    row = tl.program_id(0)
+    base = z_ptr + row.to(tl.int64) * stride_z
+    cidx = tl.arange(0, NC)
+    ms = tl.full((NC,), float("-inf"), tl.float32)
+    ss = tl.zeros((NC,), tl.float32)
+    for c in range(0, tl.cdiv(V, VC)):
+        offs = c * VC + tl.arange(0, VC)
+        x = tl.load(base + offs, mask=offs < V, other=float("-inf"))
+        m = tl.max(x, axis=0)
+        safe = tl.where(m == float("-inf"), 0.0, m)
+        s = tl.sum(tl.exp(x - safe), axis=0)
+        ms = tl.where(cidx == c, m, ms)
+        ss = tl.where(cidx == c, s, ss)
+    for lvl in tl.static_range(LOG_NC):  # the pairwise tree over chunk states
+        ma, mb = tl.split(tl.reshape(ms, (NC >> (lvl + 1), 2)))
+        sa, sb = tl.split(tl.reshape(ss, (NC >> (lvl + 1), 2)))
+        ms, ss = _lse_merge(ma, sa, mb, sb)
+    m_tot = tl.max(ms, axis=0)
+    s_tot = tl.sum(ss, axis=0)
+    lse = tl.where(m_tot == float("-inf"), m_tot, m_tot + tl.log(s_tot))
+    t = tl.load(ids_ptr + row).to(tl.int64)
+    picked = tl.load(base + t)
+    out = tl.where(picked == float("-inf"), picked, picked - lse)
+    tl.store(out_ptr + row, out)
+
+
+def _gpu_ok(contract: NumericsContract) -> bool:
+    vc = contract.logprob.vocab_chunk
+    return _tr.HAVE_TRITON and vc & (vc - 1) == 0 and vc <= 65536
+
+
+def triton_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contract: NumericsContract,
+                       params: SamplingParams | None = None) -> torch.Tensor:
+    check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device)
+    z = logits_fp32
+    if params is not None and not params.is_identity:
+        if params.top_p < 1.0 and z.shape[0] > 1:
+            # torch's GPU cumsum may block rows differently with their number: one row at a time, the
+            # way the engine calls it, so top-p's scan is the same in every batch
+            z = torch.cat([process_logits(z[i : i + 1], params) for i in range(z.shape[0])])
+        else:
+            z = process_logits(z, params)
+    z = z if z.stride(-1) == 1 else z.contiguous()
+    rows, vocab = z.shape
+    out = torch.empty(rows, dtype=torch.float32, device=z.device)
+    if rows:
+        vc = contract.logprob.vocab_chunk
+        nc = _tr.next_pow2(_tr.cdiv(vocab, vc))
+        _logprob_rows_kernel[(rows,)](z, token_ids, out, vocab, z.stride(0), VC=vc, NC=nc,
+                                      LOG_NC=nc.bit_length() - 1, num_warps=8, **_tr.launch_options())
+    return out
+
+
+def triton_logprob(hidden, weight, token_ids, contract, params=None):
+    _check(hidden, weight)
+    check_ids(token_ids, hidden.shape[0], weight.shape[0], hidden.device)
+    out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+    step = max(contract.logprob.row_block, GPU_ROW_BLOCK)
+    for lo in range(0, hidden.shape[0], step):
+        block = gemm.triton_partial(hidden[lo : lo + step], weight, contract, 1, torch.float32)
+        out[lo : lo + step] = triton_from_logits(block, token_ids[lo : lo + step], contract, params)
+    return out
+
+
+class _StrictLogprob(torch.autograd.Function):
+    """Forward: the strict Triton logprob. Backward: native, one row block at a time (d logp / d z =
+    onehot - softmax(z), through the temperature)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, token_ids, contract, params):
+        ctx.save_for_backward(hidden, weight, token_ids)
+        ctx.contract, ctx.params = contract, params
+        return triton_logprob(hidden, weight, token_ids, contract, params)
+
+    @staticmethod
+    def backward(ctx, g):
+        hidden, weight, ids = ctx.saved_tensors
+        params = ctx.params
+        gh = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        gw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        step = max(ctx.contract.logprob.row_block, GPU_ROW_BLOCK)
+        for lo in range(0, hidden.shape[0], step):
+            h = hidden[lo : lo + step]
+            z = F.linear(h, weight).float()
+            if params is not None and not params.is_identity:
+                z = process_logits(z, params)
+            p = torch.softmax(z, -1)
+            gz = -p * g[lo : lo + step, None]
+            gz.scatter_add_(-1, ids[lo : lo + step, None].long(), g[lo : lo + step, None].float())
+            if params is not None and params.temperature != 1.0:
+                gz = gz / params.temperature
+            gz = gz.to(hidden.dtype)
+            if gh is not None:
+                gh[lo : lo + step] = gz @ weight
+            if gw is not None:
+                gw += (gz.t() @ h).float()
+        return gh, (gw.to(weight.dtype) if gw is not None else None), None, None, None
+
+
+def strict_logits(hidden, weight, contract):
+    if _tr.on_gpu(hidden, weight) and gemm.supported(hidden, weight, contract):
+        _check(hidden, weight)
+        return gemm.strict(hidden, weight, contract, torch.float32)
+    return logits(hidden, weight, contract)
+
+
+def strict_from_logits(logits_fp32, token_ids, contract, params=None):
+    if _tr.on_gpu(logits_fp32) and _gpu_ok(contract) and not (
+            torch.is_grad_enabled() and logits_fp32.requires_grad):
+        return triton_from_logits(logits_fp32, token_ids, contract, params)
+    return from_logits(logits_fp32, token_ids, contract, params)
+
+
+def strict(hidden, weight, token_ids, contract, params=None):
+    """Strict logprobs: the Triton path for CUDA tensors, the reference otherwise."""
+    if _tr.on_gpu(hidden, weight) and _gpu_ok(contract) and gemm.supported(hidden, weight, contract):
+        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+            return _StrictLogprob.apply(hidden, weight, token_ids, contract, params)
+        return triton_logprob(hidden, weight, token_ids, contract, params)
+    return reference(hidden, weight, token_ids, contract, params)

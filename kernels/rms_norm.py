@@ -58,3 +58,105 @@ def native(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Te
     variance = xf.pow(2).mean(-1, keepdim=True)
     y = weight * (xf * torch.rsqrt(variance + eps)).to(x.dtype)
     return y if residual is None else (y, x)
+
+
+# =====================================================================================================
+# Triton (GPU). One program normalizes ROWS rows of one [ROWS, BLOCK_H] tile; ROWS, BLOCK_H and
+# num_warps are functions of the hidden size H alone, never of the number of rows, so the tile's layout
+# (which thread sums which squares, in which order) is the same for a row alone and for a row among
+# 100k: the sum of squares is a fixed reduction, the rest is elementwise. Roundings as the reference:
+# the residual add rounds to the model dtype; x * rstd in fp32; `model_dtype` rounds before the weight
+# multiply, `float32` after it. rsqrt is the hardware's rsqrt.approx (the GPU's named primitive).
+# =====================================================================================================
+from rlkit.kernels import _triton as _tr  # noqa: E402
+from rlkit.kernels._triton import jit, tl  # noqa: E402
+
+
+@jit
+def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, n_rows, H, eps,
+                     HAS_RES: tl.constexpr, W_FP32: tl.constexpr, ROWS: tl.constexpr,
+                     BLOCK_H: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_H)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < H)
+    offs = rows[:, None] * H + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(r_ptr + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)  # the bf16 add
+        tl.store(s_ptr + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    sum_sq = tl.sum(xf * xf, axis=1)
+    # mean = sum / H, an IEEE fp32 division (Triton's `/` is div.full, approximate), as the reference
+    rstd = tl.math.rsqrt(tl.math.div_rn(sum_sq, tl.zeros_like(sum_sq) + H) + eps)
+    normed = xf * rstd[:, None]
+    w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+    if W_FP32:
+        y = normed * w[None, :]
+    else:
+        y = normed.to(y_ptr.dtype.element_ty).to(tl.float32) * w[None, :]
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _tile(h: int) -> tuple[int, int, int]:
+    """(ROWS, BLOCK_H, num_warps) for hidden size h: about 4K elements a program (head_dim 128 norms get
+    32 rows a program, hidden 4096 one), 4 warps up to 1024 columns, 8 beyond."""
+    block_h = _tr.next_pow2(h)
+    rows = max(1, min(32, 4096 // block_h))
+    return rows, block_h, (4 if block_h <= 1024 else 8)
+
+
+def triton_rms_norm(x, weight, eps, contract, residual=None):
+    check_inputs(x, weight, residual)
+    h = x.shape[-1]
+    x2 = x.reshape(-1, h).contiguous()
+    r2 = residual.reshape(-1, h).contiguous() if residual is not None else x2
+    y = torch.empty_like(x2)
+    s = torch.empty_like(x2) if residual is not None else y
+    rows, block_h, warps = _tile(h)
+    n = x2.shape[0]
+    if n:
+        _rms_norm_kernel[(_tr.cdiv(n, rows),)](
+            x2, r2, weight, y, s, n, h, float(eps), HAS_RES=residual is not None,
+            W_FP32=contract.rms_norm.weight_multiply == "float32", ROWS=rows, BLOCK_H=block_h,
+            num_warps=warps, **_tr.launch_options())
+    y = y.view(x.shape)
+    return y if residual is None else (y, s.view(x.shape))
+
+
+class _StrictRmsNorm(torch.autograd.Function):
+    """Forward: the Triton kernel. Backward: the reference's formula re-run by torch autograd."""
+
+    @staticmethod
+    def forward(ctx, x, weight, residual, eps, contract):
+        ctx.save_for_backward(x, weight, residual if residual is not None else x)
+        ctx.has_res, ctx.eps, ctx.contract = residual is not None, eps, contract
+        out = triton_rms_norm(x, weight, eps, contract, residual)
+        return out if residual is not None else (out, x.new_empty(0))
+
+    @staticmethod
+    def backward(ctx, gy, gs):
+        x, weight, residual = ctx.saved_tensors
+        with torch.enable_grad():
+            xx = x.detach().requires_grad_(True)
+            ww = weight.detach().requires_grad_(True)
+            rr = residual.detach().requires_grad_(True) if ctx.has_res else None
+            s = xx + rr if ctx.has_res else xx
+            y = native(s, ww, ctx.eps)
+            outs, grads = [y], [gy]
+            if ctx.has_res and gs is not None and gs.numel():
+                outs.append(s)
+                grads.append(gs)
+            inputs = [xx, ww] + ([rr] if ctx.has_res else [])
+            g = torch.autograd.grad(outs, inputs, grads, allow_unused=True)
+        return g[0], g[1], (g[2] if ctx.has_res else None), None, None
+
+
+def strict(x, weight, eps, contract, residual=None):
+    """Strict RMSNorm: the Triton kernel for CUDA tensors, the reference otherwise."""
+    if _tr.on_gpu(x, weight):
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, residual)):
+            y, s = _StrictRmsNorm.apply(x, weight, residual, eps, contract)
+            return y if residual is None else (y, s)
+        return triton_rms_norm(x, weight, eps, contract, residual)
+    return reference(x, weight, eps, contract, residual)

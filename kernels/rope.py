@@ -95,3 +95,80 @@ def native(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     cos = emb.cos().to(x.dtype).unsqueeze(1)
     sin = emb.sin().to(x.dtype).unsqueeze(1)
     return x * cos + _rotate_half(x) * sin
+
+
+# =====================================================================================================
+# Triton (GPU): one program per token applies all its heads; the cos/sin rows come from the same fp32
+# tables as the reference (`tables`, built in float64 on the CPU). x * cos + rotate_half(x) * sin in
+# fp32 (two products and a sum, each rounded: FMA fusion is off), one rounding. Elementwise per token.
+# =====================================================================================================
+from rlkit.kernels import _triton as _tr  # noqa: E402
+from rlkit.kernels._triton import jit, tl  # noqa: E402
+
+
+@jit
+def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, y_ptr, heads, stride_t, stride_h,
+                 D: tl.constexpr, BH: tl.constexpr):
+    t = tl.program_id(0)
+    hs = tl.arange(0, BH)
+    ds = tl.arange(0, D)
+    half: tl.constexpr = D // 2
+    rot = (ds + half) % D  # rotate_half: [-x[half:], x[:half]]
+    sign = tl.where(ds < half, -1.0, 1.0)
+    mask = hs[:, None] < heads
+    base = x_ptr + t.to(tl.int64) * stride_t + hs[:, None] * stride_h
+    x = tl.load(base + ds[None, :], mask=mask, other=0.0).to(tl.float32)
+    xr = tl.load(base + rot[None, :], mask=mask, other=0.0).to(tl.float32) * sign[None, :]
+    p = tl.load(pos_ptr + t).to(tl.int64)
+    c = tl.load(cos_ptr + p * D + ds)
+    s = tl.load(sin_ptr + p * D + ds)
+    y = x * c[None, :] + xr * s[None, :]
+    out = y_ptr + t.to(tl.int64) * heads * D + hs[:, None] * D + ds[None, :]
+    tl.store(out, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_rope(x, positions, theta, contract):
+    check_inputs(x, positions)
+    t, heads, d = x.shape
+    if d & (d - 1):
+        return reference(x, positions, theta, contract)
+    y = torch.empty(t, heads, d, dtype=x.dtype, device=x.device)
+    if t:
+        max_pos = int(positions.max()) + 1
+        cos, sin = tables(max_pos, d, theta, x.device)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        _rope_kernel[(t,)](x, positions, cos, sin, y, heads, x.stride(0), x.stride(1), D=d,
+                           BH=_tr.next_pow2(heads), num_warps=4, **_tr.launch_options())
+    return y
+
+
+class _StrictRope(torch.autograd.Function):
+    """Backward of a rotation is the inverse rotation: rope at -angle = x*cos - rotate_half(x)*sin."""
+
+    @staticmethod
+    def forward(ctx, x, positions, theta, contract):
+        ctx.save_for_backward(positions)
+        ctx.theta = theta
+        return triton_rope(x, positions, theta, contract)
+
+    @staticmethod
+    def backward(ctx, gy):
+        (positions,) = ctx.saved_tensors
+        cos, sin = tables(int(positions.max()) + 1, gy.shape[-1], ctx.theta, gy.device)
+        c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+        g = gy.float()
+        half = g.shape[-1] // 2
+        # d/dx of x*c + rot(x)*s: g*c + rot^T(g*s), rot^T(z) = [z[half:], -z[:half]]
+        gs = g * s
+        gx = g * c + torch.cat([gs[..., half:], -gs[..., :half]], dim=-1)
+        return gx.to(gy.dtype), None, None, None
+
+
+def strict(x, positions, theta, contract):
+    """Strict RoPE: the Triton kernel for CUDA tensors, the reference otherwise."""
+    if _tr.on_gpu(x, positions):
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _StrictRope.apply(x, positions, theta, contract)
+        return triton_rope(x, positions, theta, contract)
+    return reference(x, positions, theta, contract)

@@ -11,8 +11,10 @@ chooses kernels. The contract in effect is scoped, never global state patched in
 `use_contract` restores the previous contract on exit (also on error), and is per thread / per asyncio
 task (a ContextVar), so a dashboard thread and a training thread never see each other's contract.
 
-Strict paths call `rlkit.kernels.<op>.strict` implementations: the torch references on any device
-(they are the contract), or the Triton kernels where those are written and the tensors are on CUDA.
+Strict paths call `rlkit.kernels.<op>.strict(...)`: the Triton kernel when the tensors are on CUDA
+(and the contract's parameters are ones the kernel implements), the torch reference otherwise. Each
+`strict` also wraps the kernel in an autograd Function (strict forward, native backward) when a
+gradient is needed.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def _strict(op: str) -> bool:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """RMSNorm over the last dim; with `residual`, returns (norm(x + residual), x + residual)."""
     if _strict("rms_norm"):
-        return _rms_norm.reference(x, weight, eps, _ACTIVE.get(), residual)
+        return _rms_norm.strict(x, weight, eps, _ACTIVE.get(), residual)
     return _rms_norm.native(x, weight, eps, residual)
 
 
@@ -81,10 +83,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, tp_group=None, tp_size: int
     contract = _ACTIVE.get()
     if tp_size == 1:
         if _strict("linear"):
-            return _gemm.reference(x, weight, contract, out_dtype)
+            return _gemm.strict(x, weight, contract, out_dtype)
         return _gemm.native(x, weight, out_dtype)
     if _strict("linear"):
-        part = _gemm.partial(x, weight, contract, shards=tp_size)
+        part = _gemm.strict_partial(x, weight, contract, shards=tp_size)
     else:
         part = _gemm.native(x, weight)
     reduced = all_reduce(part, group=tp_group)
@@ -94,14 +96,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, tp_group=None, tp_size: int
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up."""
     if _strict("swiglu"):
-        return _swiglu.reference(gate, up, _ACTIVE.get())
+        return _swiglu.strict(gate, up, _ACTIVE.get())
     return _swiglu.native(gate, up)
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding of x [tokens, heads, head_dim] at absolute `positions` [tokens]."""
     if _strict("rope"):
-        return _rope.reference(x, positions, theta, _ACTIVE.get())
+        return _rope.strict(x, positions, theta, _ACTIVE.get())
     return _rope.native(x, positions, theta)
 
 
@@ -109,14 +111,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Attenti
     """Causal GQA attention; `layout` says whether this is a packed prefill, a chunked prefill or a
     paged decode (AttentionLayout.prefill / AttentionLayout.paged)."""
     if _strict("attention"):
-        return _attention.reference(q, k, v, layout, _ACTIVE.get())
+        return _attention.strict(q, k, v, layout, _ACTIVE.get())
     return _attention.native(q, k, v, layout)
 
 
 def logits(hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
     """fp32 logits [tokens, vocab] (the rollout engine samples from them)."""
     if _strict("logprob"):
-        return _logprob.logits(hidden, lm_head, _ACTIVE.get())
+        return _logprob.strict_logits(hidden, lm_head, _ACTIVE.get())
     return _logprob.native_logits(hidden, lm_head)
 
 
@@ -124,7 +126,7 @@ def logprob_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor,
                         params: SamplingParams | None = None) -> torch.Tensor:
     """Logprobs of token_ids given fp32 logits: raw (params None) or processed by `params`."""
     if _strict("logprob"):
-        return _logprob.from_logits(logits_fp32, token_ids, _ACTIVE.get(), params)
+        return _logprob.strict_from_logits(logits_fp32, token_ids, _ACTIVE.get(), params)
     return _logprob.native_from_logits(logits_fp32, token_ids, params)
 
 
@@ -133,7 +135,7 @@ def logprob(hidden: torch.Tensor, lm_head: torch.Tensor, token_ids: torch.Tensor
     """Logprobs of token_ids from the final hidden states, without a [tokens x vocab] tensor on the
     strict path (rows are done `logprob.row_block` at a time)."""
     if _strict("logprob"):
-        return _logprob.reference(hidden, lm_head, token_ids, _ACTIVE.get(), params)
+        return _logprob.strict(hidden, lm_head, token_ids, _ACTIVE.get(), params)
     return _logprob.native(hidden, lm_head, token_ids, params)
 
 

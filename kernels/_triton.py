@@ -1,0 +1,85 @@
+"""What every strict Triton kernel shares: the import guard, when a launcher may run, launch options.
+
+Why a shim: rlkit's strict path must import on machines without Triton (the torch references are the
+contract and run anywhere); the kernels files decorate their kernels with `jit` from here, which is
+`triton.jit` when Triton is installed and a pass-through otherwise.
+
+When Triton kernels run:
+- `on_gpu(*tensors)`: every tensor is on a CUDA device and Triton is importable; `rlkit.ops` then uses
+  the kernels for the strict path (each op module's `strict(...)` asks this);
+- `interpreting()`: `TRITON_INTERPRET=1` was set before this module was imported; the launchers then
+  accept CPU tensors (tests/kernels/test_triton_interpret.py runs the kernels' logic that way).
+
+Launch options that decide bits are fixed here, once: `FP_FUSION=False` turns off the compiler's
+fusing of a*b + c into one FMA, so every kernel rounds exactly where its source says. Two kernels that
+share a @jit helper (attention's split state and its merge) then give the same bits wherever they run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+    jit = triton.jit
+except ImportError:  # pragma: no cover - the references still work without Triton
+    HAVE_TRITON = False
+    triton = None
+
+    class _StubLanguage:
+        constexpr = object
+
+    tl = _StubLanguage()
+
+    def jit(fn=None, **_):
+        return fn if fn is not None else (lambda f: f)
+
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Every launch passes these; see the module docstring for why fusion is off.
+LAUNCH = {"enable_fp_fusion": False}
+
+
+def interpreting() -> bool:
+    return HAVE_TRITON and INTERPRET
+
+
+def on_gpu(*tensors: torch.Tensor) -> bool:
+    """True when the Triton kernels should run for these tensors (all on CUDA, Triton importable)."""
+    return HAVE_TRITON and not INTERPRET and all(t.is_cuda for t in tensors)
+
+
+def can_launch(*tensors: torch.Tensor) -> bool:
+    """True when a launcher may run: on the GPU, or under the interpreter (CPU tensors)."""
+    return HAVE_TRITON and (INTERPRET or all(t.is_cuda for t in tensors))
+
+
+def launch_options() -> dict:
+    """Options for `kernel[grid](..., **launch_options(), num_warps=..., num_stages=...)`."""
+    return {} if INTERPRET else dict(LAUNCH)
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SM_COUNT[idx]
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,88 @@
+"""The one script a device call runs: environment check, GPU tests, benchmarks; logs under $OUT.
+
+    PYTHONPATH=. RLKIT_COMMIT=<sha> python lab/gpu_run.py [--tests-only | --bench-only] [--quick]
+
+Where rlkit is not pip-installed (the lent H200), tests/gpu/bootstrap.py maps kernels/ to rlkit.kernels.
+Writes $OUT/gpu_tests.log (pytest -rA -s output: every bitwise report and the native controls),
+$OUT/env.txt, and the benchmark rows ($OUT/bench.jsonl, bench.csv, BENCHMARKS.md). Prints a short
+table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.gpu.bootstrap import ensure_rlkit_kernels  # noqa: E402
+
+ensure_rlkit_kernels()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tests-only", action="store_true")
+    ap.add_argument("--bench-only", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--pytest-args", default="")
+    ap.add_argument("--test-timeout", type=int, default=300)
+    ap.add_argument("--parts", default="gemm,attention,logprob,rowwise,engine")
+    a = ap.parse_args()
+    out = Path(os.environ.get("OUT", "gpu-out"))
+    out.mkdir(parents=True, exist_ok=True)
+
+    import torch
+    import triton
+
+    env = [f"python {sys.version.split()[0]}", f"torch {torch.__version__}", f"triton {triton.__version__}",
+           f"device {torch.cuda.get_device_name()} sms={torch.cuda.get_device_properties(0).multi_processor_count}"]
+    for mod in ("safetensors", "transformers", "numpy"):
+        try:
+            m = __import__(mod)
+            env.append(f"{mod} {getattr(m, '__version__', '?')}")
+        except Exception as exc:  # noqa: BLE001
+            env.append(f"{mod} MISSING {exc!r}")
+    (out / "env.txt").write_text("\n".join(env) + "\n")
+    print("\n".join(env), flush=True)
+
+    rc = 0
+    if not a.bench_only:
+        t0 = time.time()
+        cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-s", "-p", "no:cacheprovider", "tests/gpu",
+               *a.pytest_args.split()]
+        envp = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        try:
+            res = subprocess.run(cmd, cwd=ROOT, env=envp, capture_output=True, text=True, timeout=a.test_timeout)
+            log, rc = res.stdout + res.stderr, res.returncode
+        except subprocess.TimeoutExpired as exc:
+            log, rc = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or ""), 124
+            log += f"\nTIMEOUT after {a.test_timeout} s"
+        (out / "gpu_tests.log").write_text(log)
+        keep = [ln for ln in log.splitlines() if ln.startswith(("PASSED", "FAILED", "ERROR", "qwen3", "cuBLAS", "SDPA"))
+                or " passed" in ln or " failed" in ln or "AssertionError" in ln]
+        print("\n".join(keep[-60:]), flush=True)
+        print(f"gpu tests rc={rc} in {time.time() - t0:.0f} s", flush=True)
+    if not a.tests_only:
+        from rlkit.bench.kernels import run
+
+        rows = run(out, quick=a.quick, tune=a.tune, parts=tuple(a.parts.split(",")))
+        print("\n== ratios (native time / strict time) ==")
+        for r in rows:
+            if r["metric"] in ("ratio_vs_native", "fraction_of_hbm_limit", "failed", "same_bits") and (
+                    r["metric"] != "same_bits" or r["median"] != 1.0):
+                print(f"{r['op']:12s} {r['impl']:14s} {r['shape']:42s} {r['metric']:22s} {r['median']:.3f}")
+        for r in rows:
+            if r["shape"] == "last compiled":
+                print(f"{r['op']:12s} {r['impl']:14s} {r['metric']}={r['median']:.0f}")
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

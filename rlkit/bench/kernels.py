@@ -1,0 +1,384 @@
+"""Kernel benchmarks on a CUDA device: the strict Triton kernels against what frameworks run natively.
+
+Writes long-format rows (op, impl, shape, metric, median, device, commit) to `bench.jsonl` and
+`bench.csv`, and renders BENCHMARKS.md from them (tables only read rows). Benchmarks are not tests:
+nothing here asserts, except that a candidate launch configuration timed with `tune=True` gives the
+same bits as the default one (a configuration that did not would be a bug, not a speed).
+
+    python -m rlkit.bench.kernels --out DIR [--quick] [--tune] [--markdown BENCHMARKS.md]
+    from rlkit.bench.kernels import main; main(["--out", "DIR"])   # what `rlkit bench kernels` calls
+
+Timing: triton.testing.do_bench medians (CUDA events; the L2 is flushed before every call, so the
+weights stream from HBM as in a real forward); inputs are random normal, never zeros (METHOD.md).
+Ratios are native time / strict time, so 1.0 means "as fast as native" and the targets read >= 0.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+GEMM_SHAPES = {  # Qwen3-8B: name -> (K, N)
+    "qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576), "down": (12288, 4096),
+    "lm_head": (4096, 151936),
+}
+GEMM_M = (1, 8, 64, 256, 1024, 4096, 8192)
+HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy on the H200 (shared/ENVIRONMENT.md)
+
+
+def _commit() -> str:
+    if os.environ.get("RLKIT_COMMIT"):
+        return os.environ["RLKIT_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:  # noqa: BLE001 - no git where the tree was copied
+        return "unknown"
+
+
+class Recorder:
+    def __init__(self, device: str, commit: str):
+        self.rows: list[dict] = []
+        self.device, self.commit = device, commit
+
+    def add(self, op: str, impl: str, shape: str, metric: str, value: float) -> None:
+        self.rows.append(dict(op=op, impl=impl, shape=shape, metric=metric, median=float(value),
+                              device=self.device, commit=self.commit))
+
+
+def _bench(fn, rep: int = 100) -> float:
+    """Median milliseconds."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
+
+
+def _randn(*shape, scale=1.0, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(*shape, generator=g, device="cuda") * scale).to(dtype)
+
+
+# -- GEMM ---------------------------------------------------------------------------------------------
+TUNE_CONFIGS = {
+    "small": [dict(kind="swapped", BN=64, BT=64, num_warps=4, num_stages=4),
+              dict(kind="swapped", BN=128, BT=16, num_warps=4, num_stages=4),
+              dict(kind="swapped", BN=64, BT=16, num_warps=4, num_stages=3)],
+    "large": [dict(kind="tiles", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=3),
+              dict(kind="tiles", BM=128, BN=256, GROUP_M=8, split=True, num_warps=8, num_stages=3),
+              dict(kind="tiles", BM=64, BN=128, GROUP_M=8, split=False, num_warps=4, num_stages=4),
+              dict(kind="tiles", BM=128, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=4)],
+}
+
+
+def bench_gemm(rec: Recorder, ms=GEMM_M, shapes=GEMM_SHAPES, tune: bool = False) -> None:
+    from rlkit import NumericsContract
+    from rlkit.kernels import gemm
+
+    c = NumericsContract.default()
+    for name, (k, n) in shapes.items():
+        w = _randn(n, k, scale=0.02, seed=1)
+        for m in ms:
+            x = _randn(m, k, seed=2)
+            shape = f"{name} M={m} K={k} N={n}"
+            flops = 2.0 * m * n * k
+            t_nat = _bench(lambda: F.linear(x, w))
+            y = gemm.triton_partial(x, w, c, 1, torch.bfloat16)
+            t_str = _bench(lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16))
+            for impl, t in (("native", t_nat), ("strict", t_str)):
+                rec.add("gemm", impl, shape, "ms", t)
+                rec.add("gemm", impl, shape, "TFLOP/s", flops / t / 1e9)
+            rec.add("gemm", "strict", shape, "ratio_vs_native", t_nat / t_str)
+            rec.add("gemm", "strict", shape, "GB/s_weights", n * k * 2 / t_str / 1e6)
+            if tune:
+                for i, cfg in enumerate(TUNE_CONFIGS["small" if m <= gemm.SMALL_M else "large"]):
+                    same = torch.equal(gemm.triton_partial(x, w, c, 1, torch.bfloat16, config=cfg), y)
+                    t = _bench(lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, config=cfg), rep=50)
+                    rec.add("gemm", f"strict_cfg{i}", shape, "ratio_vs_native", t_nat / t)
+                    rec.add("gemm", f"strict_cfg{i}", shape, "same_bits", float(same))
+            del x
+        del w
+    for kind, kern in gemm.LAST.items():
+        rec.add("gemm", f"strict_{kind}", "last compiled", "registers", getattr(kern, "n_regs", -1))
+        rec.add("gemm", f"strict_{kind}", "last compiled", "spills", getattr(kern, "n_spills", -1))
+
+
+# -- attention ----------------------------------------------------------------------------------------
+def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 64), contexts=(1024, 8192)) -> None:
+    from rlkit import NumericsContract
+    from rlkit.kernels import attention
+    from rlkit.kernels.attention import AttentionLayout
+
+    c = NumericsContract.default()
+    h, g, d = 32, 8, 128
+    for s in seqlens:
+        q, k, v = _randn(s, h, d, seed=3), _randn(s, g, d, seed=4), _randn(s, g, d, seed=5)
+        qs = q.transpose(0, 1).unsqueeze(0)
+        ks = k.transpose(0, 1).repeat_interleave(h // g, 0).unsqueeze(0).contiguous()
+        vs = v.transpose(0, 1).repeat_interleave(h // g, 0).unsqueeze(0).contiguous()
+        flops = 4.0 * s * s * d * h / 2
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+            t_nat = _bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True))
+        lay = AttentionLayout.prefill(torch.tensor([0, s], device="cuda"))
+        plan = attention.attention_plan(q.shape, k, lay, c)
+        t_str = _bench(lambda: attention.launch(plan, q, k, v, c))
+        shape = f"prefill S={s} H={h} G={g} D={d}"
+        for impl, t in (("native_sdpa_flash", t_nat), ("strict", t_str)):
+            rec.add("attention", impl, shape, "ms", t)
+            rec.add("attention", impl, shape, "TFLOP/s", flops / t / 1e9)
+        rec.add("attention", "strict", shape, "ratio_vs_native", t_nat / t_str)
+    page = 16
+    for b in batches:
+        for ctx in contexts:
+            pages_per = ctx // page
+            kc = _randn(b * pages_per, page, g, d, seed=6)
+            vc = _randn(b * pages_per, page, g, d, seed=7)
+            perm = torch.randperm(b * pages_per, device="cuda").view(b, pages_per)
+            q = _randn(b, h, d, seed=8)
+            lay = AttentionLayout.paged(torch.ones(b, dtype=torch.int64, device="cuda"),
+                                        torch.full((b,), ctx, dtype=torch.int64, device="cuda"), perm)
+            plan = attention.attention_plan(q.shape, kc, lay, c)
+            t_str = _bench(lambda: attention.launch(plan, q, kc, vc, c))
+            # native: SDPA over the same KV, already gathered contiguous per sequence (gather not timed)
+            kg = kc[perm].reshape(b, ctx, g, d).transpose(1, 2).contiguous()
+            vg = vc[perm].reshape(b, ctx, g, d).transpose(1, 2).contiguous()
+            qn = q.unsqueeze(2)
+            try:
+                t_nat = _bench(lambda: F.scaled_dot_product_attention(qn, kg, vg, enable_gqa=True))
+                impl = "native_sdpa_gqa"
+            except Exception:  # noqa: BLE001 - older torch: expand the heads
+                kx, vx = kg.repeat_interleave(h // g, 1), vg.repeat_interleave(h // g, 1)
+                t_nat = _bench(lambda: F.scaled_dot_product_attention(qn, kx, vx))
+                impl = "native_sdpa_expanded"
+            kv_bytes = 2.0 * b * ctx * g * d * 2
+            shape = f"decode B={b} ctx={ctx} page={page} mode={plan['mode']}"
+            for name, t in ((impl, t_nat), ("strict", t_str)):
+                rec.add("paged_decode", name, shape, "ms", t)
+                rec.add("paged_decode", name, shape, "GB/s_kv", kv_bytes / t / 1e6)
+            rec.add("paged_decode", "strict", shape, "ratio_vs_native", t_nat / t_str)
+            del kc, vc, kg, vg
+    for mode, kern in attention.LAST.items():
+        rec.add("attention", f"strict_{mode}", "last compiled", "registers", getattr(kern, "n_regs", -1))
+        rec.add("attention", f"strict_{mode}", "last compiled", "spills", getattr(kern, "n_spills", -1))
+
+
+# -- logprob and the row-wise ops ---------------------------------------------------------------------
+def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096)) -> None:
+    from rlkit import NumericsContract
+    from rlkit.kernels import logprob
+
+    c = NumericsContract.default()
+    k, n = GEMM_SHAPES["lm_head"]
+    w = _randn(n, k, scale=0.02, seed=9)
+    for m in ms:
+        h = _randn(m, k, seed=10)
+        ids = torch.randint(0, n, (m,), device="cuda")
+        t_nat = _bench(lambda: torch.log_softmax(F.linear(h, w).float(), -1).gather(-1, ids[:, None]))
+        t_str = _bench(lambda: logprob.triton_logprob(h, w, ids, c))
+        shape = f"lm_head M={m} K={k} V={n}"
+        rec.add("logprob", "native_mm_log_softmax", shape, "ms", t_nat)
+        rec.add("logprob", "strict", shape, "ms", t_str)
+        rec.add("logprob", "strict", shape, "ratio_vs_native", t_nat / t_str)
+
+
+def bench_rowwise(rec: Recorder, rows: int = 4096) -> None:
+    from rlkit import NumericsContract
+    from rlkit.kernels import rms_norm, rope, swiglu
+
+    c = NumericsContract.default()
+    x, r = _randn(rows, 4096, seed=11), _randn(rows, 4096, seed=12)
+    w = (1 + 0.1 * _randn(4096, dtype=torch.float32, seed=13)).bfloat16()
+    cases = {
+        f"rms_norm+residual {rows}x4096": (lambda: rms_norm.native(x, w, 1e-6, r),
+                                           lambda: rms_norm.triton_rms_norm(x, w, 1e-6, c, r)),
+    }
+    gte, up = _randn(rows, 12288, seed=14), _randn(rows, 12288, seed=15)
+    cases[f"swiglu {rows}x12288"] = (lambda: swiglu.native(gte, up), lambda: swiglu.triton_swiglu(gte, up, c))
+    qr = _randn(rows, 32, 128, seed=16)
+    pos = torch.arange(rows, device="cuda")
+    rope.tables(rows, 128, 1e6, qr.device)
+    cases[f"rope {rows}x32x128"] = (lambda: rope.native(qr, pos, 1e6), lambda: rope.triton_rope(qr, pos, 1e6, c))
+    for shape, (nat, strict) in cases.items():
+        op = shape.split()[0]
+        t_nat, t_str = _bench(nat), _bench(strict)
+        rec.add(op, "native", shape, "ms", t_nat)
+        rec.add(op, "strict", shape, "ms", t_str)
+        rec.add(op, "strict", shape, "ratio_vs_native", t_nat / t_str)
+
+
+# -- the embedded engine's decode step ----------------------------------------------------------------
+def bench_engine_step(rec: Recorder, batch: int = 64, ctx: int = 512) -> None:
+    """One decode step of qwen3-0.6b (random bf16 weights) for `batch` sequences at context `ctx`:
+    forward + the lm_head of the sampled rows, strict and native, and its fraction of the HBM limit
+    (weights + KV bytes read once / 4.3 TB/s, over the measured time)."""
+    from rlkit import NumericsContract, ops
+    from rlkit.kernels.attention import AttentionLayout
+    from rlkit.model.config import Qwen3Config
+    from rlkit.model.qwen3 import ForwardBatch, Qwen3ForCausalLM
+    from rlkit.rollout.kv_cache import PagedKVCache
+
+    cfg = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, name="qwen3-0.6b")
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg).eval()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.ones_like(p) if name.endswith("norm.weight")
+                    else (torch.randn(p.shape, generator=gen, device="cuda") * 0.02).to(p.dtype))
+    page = 16
+    per = -(-(ctx + 1) // page)
+    cache = PagedKVCache(cfg.num_hidden_layers, batch * per, page, cfg.num_key_value_heads, cfg.head_dim,
+                         torch.bfloat16, "cuda")
+    for kk, vv in zip(cache.k, cache.v):
+        kk.normal_(generator=gen)
+        vv.normal_(generator=gen)
+    table = torch.arange(batch * per, device="cuda").view(batch, per)
+    positions = torch.full((batch,), ctx, device="cuda")
+    slots = table[:, ctx // page] * page + ctx % page
+    layout = AttentionLayout.paged(torch.ones(batch, dtype=torch.int64, device="cuda"), positions + 1, table)
+    ids = torch.randint(0, cfg.vocab_size, (batch,), device="cuda")
+    fb = ForwardBatch(ids, positions, layout, cache, slots)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv_bytes = 2.0 * batch * (ctx + 1) * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+    for impl, contract in (("strict", NumericsContract.default()), ("native", NumericsContract.native())):
+        with torch.no_grad(), ops.use_contract(contract):
+            def step():
+                return model.logits(model(fb))
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(10):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                step()
+                b.record()
+                torch.cuda.synchronize()
+                times.append(a.elapsed_time(b))
+        t = sorted(times)[len(times) // 2]
+        shape = f"qwen3-0.6b decode step B={batch} ctx={ctx}"
+        rec.add("engine_step", impl, shape, "ms", t)
+        rec.add("engine_step", impl, shape, "fraction_of_hbm_limit", (weight_bytes + kv_bytes) / HBM_BYTES_PER_S / (t / 1e3))
+    rec.add("engine_step", "bytes", shape, "GB_read", (weight_bytes + kv_bytes) / 1e9)
+
+
+# -- output -------------------------------------------------------------------------------------------
+def write_rows(rows: list[dict], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "bench.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    with open(out / "bench.csv", "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=["op", "impl", "shape", "metric", "median", "device", "commit"])
+        wr.writeheader()
+        wr.writerows(rows)
+
+
+def _get(rows, op, impl, shape, metric):
+    for r in rows:
+        if (r["op"], r["impl"], r["shape"], r["metric"]) == (op, impl, shape, metric):
+            return r["median"]
+    return None
+
+
+def render(rows: list[dict]) -> str:
+    """BENCHMARKS.md from the rows: each table only reads them."""
+    if not rows:
+        return "# Benchmarks\n\nNo rows.\n"
+    dev, commit = rows[0]["device"], rows[0]["commit"]
+    out = ["# Benchmarks: strict Triton kernels vs native", "",
+           f"Device: {dev}. Commit: {commit}. Ratio = native time / strict time (>= 0.9 is the target; "
+           "higher is faster). Rendered by `rlkit.bench.kernels.render` from bench.jsonl.", ""]
+    shapes = [r["shape"] for r in rows if r["op"] == "gemm" and r["metric"] == "ratio_vs_native" and r["impl"] == "strict"]
+    if shapes:
+        names = list(dict.fromkeys(s.split()[0] for s in shapes))
+        ms = list(dict.fromkeys(int(s.split()[1][2:]) for s in shapes))
+        out += ["## GEMM (Qwen3-8B shapes, bf16): strict / cuBLAS speed ratio", "",
+                "| M | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        for m in ms:
+            cells = []
+            for nm in names:
+                s = next((x for x in shapes if x.startswith(f"{nm} M={m} ")), None)
+                v = _get(rows, "gemm", "strict", s, "ratio_vs_native") if s else None
+                tf = _get(rows, "gemm", "strict", s, "TFLOP/s") if s else None
+                cells.append(f"{v:.2f} ({tf:.0f} TF)" if v is not None else "-")
+            out.append(f"| {m} | " + " | ".join(cells) + " |")
+        out.append("")
+    for op, title in (("attention", "Attention prefill (causal, D=128, 32 q / 8 kv heads) vs SDPA flash"),
+                      ("paged_decode", "Paged decode vs native SDPA decode over the same KV"),
+                      ("logprob", "Strict logprob vs torch.mm + log_softmax (lm_head 4096 -> 151,936)"),
+                      ("rms_norm", "RMSNorm"), ("swiglu", "SwiGLU"), ("rope", "RoPE"),
+                      ("engine_step", "Embedded engine decode step")):
+        sel = [r for r in rows if r["op"] == op and r["metric"] in ("ratio_vs_native", "fraction_of_hbm_limit")]
+        if not sel:
+            continue
+        out += [f"## {title}", "", "| shape | impl | metric | value | strict ms | native ms |", "|---|---|---|---|---|---|"]
+        for r in sel:
+            ms_s = _get(rows, op, "strict", r["shape"], "ms")
+            ms_n = next((x["median"] for x in rows if x["op"] == op and x["shape"] == r["shape"]
+                         and x["metric"] == "ms" and x["impl"] != "strict"), None)
+            fmt = lambda v: f"{v:.3f}" if v is not None else "-"  # noqa: E731
+            out.append(f"| {r['shape']} | {r['impl']} | {r['metric']} | {r['median']:.3f} | {fmt(ms_s)} | {fmt(ms_n)} |")
+        out.append("")
+    regs = [r for r in rows if r["shape"] == "last compiled"]
+    if regs:
+        out += ["## Compiled kernels (last launch of each kind)", "", "| op | kernel | metric | value |", "|---|---|---|---|"]
+        out += [f"| {r['op']} | {r['impl']} | {r['metric']} | {r['median']:.0f} |" for r in regs]
+        out.append("")
+    return "\n".join(out)
+
+
+def run(out_dir: str | Path, quick: bool = False, tune: bool = False, parts=("gemm", "attention", "logprob",
+        "rowwise", "engine")) -> list[dict]:
+    """Run the benchmarks, write bench.jsonl / bench.csv / BENCHMARKS.md under out_dir, return the rows."""
+    out = Path(out_dir)
+    rec = Recorder(torch.cuda.get_device_name(), _commit())
+    started = time.time()
+    steps = {
+        "gemm": lambda: bench_gemm(rec, ms=(1, 64, 1024) if quick else GEMM_M, tune=tune),
+        "attention": lambda: bench_attention(rec, seqlens=(1024,) if quick else (1024, 4096, 16384)),
+        "logprob": lambda: bench_logprob(rec, ms=(1, 1024) if quick else (1, 64, 1024, 4096)),
+        "rowwise": lambda: bench_rowwise(rec),
+        "engine": lambda: bench_engine_step(rec),
+    }
+    for part in parts:
+        t0 = time.time()
+        try:
+            steps[part]()
+        except Exception as exc:  # noqa: BLE001 - one broken part must not lose the others' rows
+            rec.add(part, "error", repr(exc)[:200], "failed", 1.0)
+            print(f"bench {part} failed: {exc!r}", flush=True)
+        print(f"bench {part}: {time.time() - t0:.1f} s", flush=True)
+        write_rows(rec.rows, out)
+    (out / "BENCHMARKS.md").write_text(render(rec.rows))
+    print(f"benchmarks: {len(rec.rows)} rows in {time.time() - started:.0f} s", flush=True)
+    return rec.rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rlkit bench kernels", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench-out", help="folder for bench.jsonl, bench.csv, BENCHMARKS.md")
+    ap.add_argument("--quick", action="store_true", help="a few sizes only")
+    ap.add_argument("--tune", action="store_true", help="also time candidate GEMM launch configurations")
+    ap.add_argument("--parts", default="gemm,attention,logprob,rowwise,engine")
+    ap.add_argument("--markdown", default=None, help="also copy the rendered tables to this path")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("rlkit bench kernels needs a CUDA device")
+        return 2
+    rows = run(a.out, quick=a.quick, tune=a.tune, parts=tuple(a.parts.split(",")))
+    if a.markdown:
+        Path(a.markdown).write_text(render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,239 @@
+"""Strict Triton kernels on the GPU: closeness to fp64, and `torch.equal` invariance where it matters.
+
+Run on the H200: `PYTHONPATH=. python -m pytest -q tests/gpu` (lab/gpu_run.py does it with the
+benchmarks). Two kinds of assertion, kept apart (STYLE.md rule 2): closeness with a tolerance, and
+bitwise invariance with none. Sizes are chosen either side of every launch threshold:
+- GEMM: M <= 64 runs the swapped decode kernel (token tiles of 16/32/64), M > 64 the 128x128 tile kernel,
+  whose K chunks run in one program or split over C programs depending on the tile count (for N = 4096
+  the switch is at M = 512 on 132 SMs). Every M in M_SWEEP below is compared with the same rows inside
+  a batch of 4096, and every launch configuration with every other.
+- attention: split 256 / block 32 boundaries (255, 256, 257, 511, 512, 513 keys), 64-row tiles, fused
+  vs split-parallel decode.
+"""
+
+import pytest
+import torch
+
+from rlkit import NumericsContract
+from rlkit.bitwise import assert_bitwise_equal, compare
+from rlkit.kernels import attention, gemm, logprob, rms_norm, rope, swiglu
+from rlkit.kernels.attention import AttentionLayout
+
+pytestmark = pytest.mark.gpu
+C = NumericsContract.default()
+DEV = "cuda"
+M_SWEEP = [1, 2, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513,
+           1000, 2048, 4096]
+
+
+def rel(out, ref):
+    ref = ref.double()
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def randn(*shape, scale=1.0, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return (torch.randn(*shape, generator=g, device=DEV) * scale).to(dtype)
+
+
+# -- GEMM ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("m", [1, 64, 300, 2048])
+def test_gemm_close_to_fp64(m):
+    x, w = randn(m, 4096, seed=1), randn(1536, 4096, scale=0.02, seed=2)
+    y = gemm.strict(x, w, C)
+    assert y.dtype == torch.bfloat16
+    assert rel(y, x.double() @ w.double().T) < 1e-2
+
+
+@pytest.mark.parametrize("k, n", [(4096, 4096), (12288, 4096), (1024, 3072)])
+def test_gemm_rows_do_not_depend_on_the_batch(k, n):
+    """Every M of M_SWEEP (both kernels, split and unsplit tiles) against the same rows in a batch of
+    4096; and rows alone."""
+    x, w = randn(4096, k, seed=3), randn(n, k, scale=0.02, seed=4)
+    full = gemm.strict(x, w, C)
+    for m in M_SWEEP:
+        assert_bitwise_equal(gemm.strict(x[:m], w, C), full[:m], f"first {m} rows vs inside 4096 (K={k}, N={n})")
+    for r in (0, 17, 4095):
+        assert_bitwise_equal(gemm.strict(x[r : r + 1], w, C), full[r : r + 1], f"row {r} alone")
+
+
+CONFIGS = [
+    dict(kind="swapped", BN=64, BT=16, num_warps=4, num_stages=5),
+    dict(kind="swapped", BN=64, BT=64, num_warps=4, num_stages=4),
+    dict(kind="swapped", BN=128, BT=32, num_warps=4, num_stages=4),
+    dict(kind="tiles", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=4),
+    dict(kind="tiles", BM=128, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=4),
+    dict(kind="tiles", BM=64, BN=128, GROUP_M=8, split=False, num_warps=4, num_stages=4),
+    dict(kind="tiles", BM=128, BN=256, GROUP_M=8, split=True, num_warps=8, num_stages=3),
+    dict(kind="tiles", BM=128, BN=64, GROUP_M=4, split=False, num_warps=4, num_stages=5),
+]
+
+
+@pytest.mark.parametrize("m", [1, 40, 200])
+def test_gemm_every_launch_configuration_gives_the_same_bits(m):
+    """The tile shapes, warps, stages and chunk placement are layout only: identical bits."""
+    x, w = randn(m, 4096, seed=5), randn(2048, 4096, scale=0.02, seed=6)
+    base = gemm.triton_partial(x, w, C, 1, torch.bfloat16, config=CONFIGS[0])
+    for cfg in CONFIGS[1:]:
+        assert_bitwise_equal(gemm.triton_partial(x, w, C, 1, torch.bfloat16, config=cfg), base, f"{cfg} vs {CONFIGS[0]}")
+
+
+def test_gemm_split_combine_is_deterministic():
+    """The atomic last-arriver combine: 20 launches give one answer (a race would move bits)."""
+    x, w = randn(8, 4096, seed=7), randn(4096, 4096, scale=0.02, seed=8)
+    first = gemm.strict(x, w, C)
+    for i in range(20):
+        assert_bitwise_equal(gemm.strict(x, w, C), first, f"launch {i}")
+
+
+def test_gemm_tensor_parallel_subtrees():
+    x, w = randn(100, 4096, seed=9), randn(512, 4096, scale=0.02, seed=10)
+    whole = gemm.strict_partial(x, w, C)
+    halves = [gemm.strict_partial(x[:, s : s + 2048], w[:, s : s + 2048], C, shards=2) for s in (0, 2048)]
+    assert_bitwise_equal(halves[0] + halves[1], whole, "TP2 subtrees vs whole")
+
+
+def test_gemm_native_control_differs():
+    """Negative control: cuBLAS gives a row alone other bits than inside a batch (printed)."""
+    x, w = randn(4096, 4096, seed=11), randn(4096, 4096, scale=0.02, seed=12)
+    full = x @ w.T
+    report = compare(x[:1] @ w.T, full[:1], "cuBLAS row alone vs in 4096")
+    print(report)
+    reports = [compare(x[:m] @ w.T, full[:m], f"cuBLAS first {m}") for m in (1, 8, 64, 256, 1000)]
+    print("\n".join(map(str, reports)))
+    assert any(not r.equal for r in reports), "native was invariant here; the control shows nothing"
+
+
+# -- logprob ------------------------------------------------------------------------------------------
+def test_logprob_close_fused_equals_engine_path_and_rows_invariant():
+    h, w = randn(700, 1024, seed=13), randn(151_936, 1024, scale=0.02, seed=14)
+    ids = torch.randint(0, 151_936, (700,), device=DEV)
+    lp = logprob.strict(h, w, ids, C)
+    ref = torch.log_softmax(h.double() @ w.double().T, -1).gather(-1, ids[:, None]).squeeze(-1)
+    assert float((lp.double() - ref).abs().max()) < 5e-2  # bf16 inputs, fp32 logits of one bf16 GEMM
+    # the engine: fp32 logits of the sampled rows, then logprob one row at a time
+    for r in (0, 63, 64, 699):
+        lg = logprob.strict_logits(h[r : r + 1], w, C)
+        assert_bitwise_equal(logprob.strict_from_logits(lg, ids[r : r + 1], C), lp[r : r + 1], f"engine row {r}")
+    for m in (1, 16, 65, 300):
+        assert_bitwise_equal(logprob.strict(h[:m], w, ids[:m], C), lp[:m], f"first {m} rows vs 700")
+
+
+def test_logprob_processed_rows_invariant():
+    from rlkit.kernels.logprob import SamplingParams
+    h, w = randn(40, 512, seed=15), randn(20_000, 512, scale=0.05, seed=16)
+    ids = torch.randint(0, 20_000, (40,), device=DEV)
+    for params in (SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.3, top_k=50)):
+        lg = logprob.strict_logits(h, w, C)
+        full = logprob.strict_from_logits(lg, ids, C, params)
+        for r in (0, 39):
+            assert_bitwise_equal(logprob.strict_from_logits(lg[r : r + 1], ids[r : r + 1], C, params), full[r : r + 1],
+                                 f"{params} row {r}")
+
+
+# -- RMSNorm, SwiGLU, RoPE ----------------------------------------------------------------------------
+@pytest.mark.parametrize("h", [128, 1024, 4096])
+def test_rms_norm_close_and_invariant(h):
+    x, r = randn(3000, h, seed=17), randn(3000, h, seed=18)
+    w = (1 + 0.1 * randn(h, dtype=torch.float32, seed=19)).bfloat16()
+    y, s = rms_norm.strict(x, w, 1e-6, C, r)
+    s64 = x.double() + r.double()
+    ref = w.double() * s64 / torch.sqrt(s64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert rel(y, ref) < 1e-2
+    assert_bitwise_equal(s, x + r, "residual add = bf16 add")
+    for m in (1, 31, 32, 33, 1000):
+        ym, _ = rms_norm.strict(x[:m], w, 1e-6, C, r[:m])
+        assert_bitwise_equal(ym, y[:m], f"first {m} rows (H={h})")
+
+
+def test_swiglu_and_rope_close_and_invariant():
+    g, u = randn(1000, 3072, seed=20), randn(1000, 3072, seed=21)
+    y = swiglu.strict(g, u, C)
+    assert rel(y, g.double() * torch.sigmoid(g.double()) * u.double()) < 1e-2
+    assert_bitwise_equal(swiglu.strict(g[7:8], u[7:8], C), y[7:8], "swiglu row alone")
+    x = randn(500, 32, 128, seed=22)
+    pos = torch.randint(0, 40_000, (500,), device=DEV)
+    out = rope.strict(x, pos, 1e6, C)
+    assert rel(out, rope.reference(x.cpu(), pos.cpu(), 1e6, C).to(DEV)) < 1e-2
+    assert_bitwise_equal(rope.strict(x[3:4], pos[3:4], 1e6, C), out[3:4], "rope token alone")
+
+
+# -- attention ----------------------------------------------------------------------------------------
+H, G, D = 32, 8, 128
+
+
+def qkv(n, seed):
+    return randn(n, H, D, seed=seed), randn(n, G, D, seed=seed + 1), randn(n, G, D, seed=seed + 2)
+
+
+def prefill(seqs, mode=None):
+    q = torch.cat([s[0] for s in seqs]); k = torch.cat([s[1] for s in seqs]); v = torch.cat([s[2] for s in seqs])
+    cu = torch.tensor([0] + [len(s[0]) for s in seqs], device=DEV).cumsum(0)
+    return attention.triton_attention(q, k, v, AttentionLayout.prefill(cu), C, mode)
+
+
+def test_attention_close_to_fp64():
+    q, k, v = qkv(700, 30)
+    out = prefill([(q, k, v)])
+    qd, kd, vd = (t.double().transpose(0, 1) for t in (q, k, v))
+    kd, vd = kd.repeat_interleave(H // G, 0), vd.repeat_interleave(H // G, 0)
+    s = qd @ kd.transpose(1, 2) * D ** -0.5
+    s = s.masked_fill(torch.ones(700, 700, dtype=torch.bool, device=DEV).triu(1), float("-inf"))
+    ref = (torch.softmax(s, -1) @ vd).transpose(0, 1)
+    assert rel(out, ref) < 1e-2
+
+
+class Paged:
+    """A paged cache, page 16 (the engine's), pages handed out shuffled; unwritten slots hold NaN."""
+
+    def __init__(self, pages=400, page=16):
+        self.k = torch.full((pages, page, G, D), float("nan"), device=DEV, dtype=torch.bfloat16)
+        self.v = self.k.clone()
+        self.free = torch.randperm(pages).tolist()
+        self.page, self.tables = page, {}
+
+    def write(self, sid, start, k, v):
+        table = self.tables.setdefault(sid, [])
+        while (start + len(k) + self.page - 1) // self.page > len(table):
+            table.append(self.free.pop())
+        pos = torch.arange(start, start + len(k))
+        pages = torch.tensor(table, device=DEV)[pos // self.page]
+        self.k[pages, pos % self.page] = k
+        self.v[pages, pos % self.page] = v
+
+    def attend(self, q, sids, q_lens, ctx, mode=None):
+        width = max(len(self.tables[s]) for s in sids)
+        bt = torch.tensor([self.tables[s] + [0] * (width - len(self.tables[s])) for s in sids], device=DEV)
+        lay = AttentionLayout.paged(torch.tensor(q_lens, device=DEV), torch.tensor(ctx, device=DEV), bt)
+        return attention.triton_attention(q, self.k, self.v, lay, C, mode)
+
+
+@pytest.mark.parametrize("n", [255, 256, 257, 513, 1200])
+def test_attention_prefill_chunked_decode_agree(n):
+    a, b = qkv(n, 40), qkv(300, 50)
+    alone = prefill([a])
+    assert_bitwise_equal(prefill([b, a])[300:], alone, f"packed after a 300-token sequence (n={n})")
+    cache = Paged()
+    cache.write("b", 0, b[1], b[2])
+    cache.write("a", 0, a[1], a[2])
+    # chunked prefill of a in chunks of 100 beside b's decode
+    for lo in range(0, n, 100):
+        hi = min(lo + 100, n)
+        out = cache.attend(torch.cat([b[0][299:300], a[0][lo:hi]]), ["b", "a"], [1, hi - lo], [300, hi])
+        assert_bitwise_equal(out[1:], alone[lo:hi], f"chunk [{lo}, {hi}) of {n}")
+    for p in sorted({0, 31, 32, 255, 256, n - 1} & set(range(n))):
+        for mode in ("fused", "split"):
+            out = cache.attend(torch.cat([a[0][p : p + 1], b[0][299:300]]), ["a", "b"], [1, 1], [p + 1, 300], mode)
+            assert_bitwise_equal(out[:1], alone[p : p + 1], f"decode at {p} ({mode}) of {n}")
+
+
+def test_attention_native_decode_differs_from_prefill():
+    """Negative control: SDPA decode vs SDPA prefill of the same sequence (printed, counted)."""
+    q, k, v = qkv(600, 60)
+    cu = torch.tensor([0, 600], device=DEV)
+    full = attention.native(q, k, v, AttentionLayout.prefill(cu))
+    dec = torch.cat([attention.native(q[p : p + 1], k[: p + 1], v[: p + 1], AttentionLayout(
+        torch.tensor([0, 1], device=DEV), torch.tensor([p], device=DEV), torch.tensor([p + 1], device=DEV),
+        cu_seqlens_k=torch.tensor([0, p + 1], device=DEV))) for p in range(0, 600, 7)])
+    report = compare(dec, full[0:600:7], "SDPA decode vs prefill")
+    print(report)
