@@ -208,6 +208,7 @@ def _chunk_tree(x_ptr, w_ptr, rows, cols, KC, stride_x, stride_w, C: tl.constexp
 @jit
 def _tree_load(ws_ptr, offs, mask, MN, C: tl.constexpr):
     """The pairwise tree over C fp32 partials stored at ws[c * MN + offs] (L2 loads: other SMs wrote them)."""
+    MN = tl.full([], 0, tl.int64) + MN  # int64: C * M * N can pass 2^31
     p0 = tl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
     p1 = tl.load(ws_ptr + MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
     tot = p0 + p1
@@ -231,7 +232,7 @@ def _arrive_and_combine(part, chunk, ws_ptr, ws_offs, mask, MN, cnt_ptr, y_ptr, 
     and writes the rounded result. The counter is reset by that program, ready for the next launch.
     Ordering: a CTA barrier, then one release/acquire atomic at GPU scope (the pattern of CUTLASS's
     semaphore), then L2 loads of the partials."""
-    tl.store(ws_ptr + chunk * MN + ws_offs, part, mask=mask)
+    tl.store(ws_ptr + (tl.full([], 0, tl.int64) + MN) * chunk + ws_offs, part, mask=mask)
     tl.debug_barrier()
     arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
     if arrived == C - 1:
@@ -256,13 +257,13 @@ def _gemm_swapped_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_
     part = _chunk_rows(w_ptr + k_lo, x_ptr + k_lo, cols_w, rows_x, 0, KC, stride_w, stride_x,
                        BN, BT, BK, EVEN_K, IEEE)  # [BN, BT]
     mask = (offs_n[:, None] < N) & (offs_t[None, :] < M)
-    y_offs = offs_t[None, :] * stride_y + offs_n[:, None]
+    y_offs = offs_t[None, :].to(tl.int64) * stride_y + offs_n[:, None]
     if C == 1:
         tl.store(y_ptr + y_offs, part.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         tile = pid_t * tl.num_programs(0) + pid_n
-        _arrive_and_combine(part, chunk, ws_ptr, offs_t[None, :] * N + offs_n[:, None], mask, M * N,
-                            cnt_ptr + tile, y_ptr, y_offs, C)
+        _arrive_and_combine(part, chunk, ws_ptr, offs_t[None, :].to(tl.int64) * N + offs_n[:, None], mask,
+                            (tl.full([], 0, tl.int64) + M) * N, cnt_ptr + tile, y_ptr, y_offs, C)
 
 
 @jit
@@ -283,14 +284,14 @@ def _gemm_tiles_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_x,
     rows = offs_m % M
     cols = offs_n % N
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    y_offs = offs_m[:, None] * stride_y + offs_n[None, :]
+    y_offs = offs_m[:, None].to(tl.int64) * stride_y + offs_n[None, :]
     if SPLIT:
         chunk = tl.program_id(1)
         k_lo = chunk * KC
         part = _chunk_rows(x_ptr + k_lo, w_ptr + k_lo, rows, cols, 0, KC, stride_x, stride_w,
                            BM, BN, BK, EVEN_K, IEEE)
-        _arrive_and_combine(part, chunk, ws_ptr, offs_m[:, None] * N + offs_n[None, :], mask, M * N,
-                            cnt_ptr + pid, y_ptr, y_offs, C)
+        _arrive_and_combine(part, chunk, ws_ptr, offs_m[:, None].to(tl.int64) * N + offs_n[None, :], mask,
+                            (tl.full([], 0, tl.int64) + M) * N, cnt_ptr + pid, y_ptr, y_offs, C)
     else:
         tot = _chunk_tree(x_ptr, w_ptr, rows, cols, KC, stride_x, stride_w, C, BM, BN, BK, EVEN_K, IEEE)
         tl.store(y_ptr + y_offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
@@ -302,20 +303,28 @@ SMALL_M = 64
 
 
 def plan(m: int, n: int, device: torch.device, override: dict | None = None) -> dict:
-    """Launch configuration for an [m, K] x [n, K]^T product. Fixed per M range; each number's reason:
-    - decode: BN=64 weight rows per program (the wgmma M of one warpgroup, 4 warps) so N/64 x C programs
-      fill the GPU; BT = tokens padded to 16/32/64 (wgmma N); 5 stages keep ~50 KB of weights in flight
-      per program, enough for HBM latency;
-    - prefill/training: 128x128 tiles, 8 warps (two warpgroups, 64 fp32 accumulator registers a thread,
-      so the tree's three live chunk sums fit), 4 stages of 64-wide K steps (64 KB of shared memory);
-      the C chunks go to separate programs when the tiles alone would leave SMs idle."""
+    """Launch configuration for an [m, K] x [n, K]^T product, fixed per M range (measured on the H200,
+    lab/KERNELS_NOTES.md; none of these choices changes a bit, tests/gpu prove it):
+    - M <= 16: swapped, 128 weight rows a program (two wgmma M=64 halves, 4 warps), 16 token columns
+      (the smallest wgmma N Triton emits), 4 stages of 64-wide K steps (~80 KB of weights in flight);
+    - 16 < M <= 64: swapped, 64 weight rows x 64 tokens (one token tile, so the weights stream once);
+    - M > 64: 128 x 256 tiles, 8 warps (two warpgroups, 128 fp32 accumulator registers a thread), 3
+      stages (144 KB of shared memory), each K chunk in its own program (SPLIT): one accumulator a
+      program; the tree of the C fp32 partials runs in the last program to arrive. Keeping the C
+      chunk sums of a tile in one program's registers (SPLIT=False) needs three live accumulators and
+      measured 0.3-0.4x cuBLAS; the split measured 0.5-0.8x."""
     if override:
         return dict(override)
+    if m <= 16:
+        return dict(kind="swapped", BN=128, BT=16, num_warps=4, num_stages=4)
     if m <= SMALL_M:
-        return dict(kind="swapped", BN=64, BT=max(16, _tr.next_pow2(m)), num_warps=4, num_stages=5)
-    tiles = _tr.cdiv(m, 128) * _tr.cdiv(n, 128)
-    split = tiles < _tr.sm_count(device)
-    return dict(kind="tiles", BM=128, BN=128, GROUP_M=8, split=split, num_warps=8, num_stages=4)
+        return dict(kind="swapped", BN=64, BT=64, num_warps=4, num_stages=4)
+    return dict(kind="tiles", BM=128, BN=256, GROUP_M=8, split=True, num_warps=8, num_stages=3)
+
+
+WORKSPACE_BYTES = 1 << 30
+"""A split launch stores C fp32 partials of its output; rows beyond this budget go in row slabs (rows
+are independent, so slabs never change a bit)."""
 
 
 _COUNTERS: dict[str, torch.Tensor] = {}
@@ -374,14 +383,20 @@ def triton_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
                                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
     else:
         split = bool(cfg["split"]) and c > 1
-        tiles = _tr.cdiv(m, cfg["BM"]) * _tr.cdiv(n, cfg["BN"])
-        grid = (tiles, c if split else 1)
-        ws = torch.empty(c * m * n if split else 1, dtype=torch.float32, device=x.device)
-        cnt = _counters(x.device, tiles)
-        LAST["tiles"] = _gemm_tiles_kernel[grid](x2, w, y, ws, cnt, m, n, kc, x2.stride(0), w.stride(0), y.stride(0),
-                                 C=c, SPLIT=split, BM=cfg["BM"], BN=cfg["BN"], BK=bk,
-                                 GROUP_M=cfg["GROUP_M"], EVEN_K=even_k, IEEE=ieee,
-                                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
+        slab = m
+        if split and c * m * n * 4 > WORKSPACE_BYTES:
+            slab = max(cfg["BM"], WORKSPACE_BYTES // (c * n * 4) // cfg["BM"] * cfg["BM"])
+        for lo in range(0, m, slab):
+            xs, ys = x2[lo : lo + slab], y[lo : lo + slab]
+            ms = xs.shape[0]
+            tiles = _tr.cdiv(ms, cfg["BM"]) * _tr.cdiv(n, cfg["BN"])
+            grid = (tiles, c if split else 1)
+            ws = torch.empty(c * ms * n if split else 1, dtype=torch.float32, device=x.device)
+            cnt = _counters(x.device, tiles)
+            LAST["tiles"] = _gemm_tiles_kernel[grid](
+                xs, w, ys, ws, cnt, ms, n, kc, xs.stride(0), w.stride(0), ys.stride(0), C=c, SPLIT=split,
+                BM=cfg["BM"], BN=cfg["BN"], BK=bk, GROUP_M=cfg["GROUP_M"], EVEN_K=even_k, IEEE=ieee,
+                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
     return y.reshape(*lead, n)
 
 
