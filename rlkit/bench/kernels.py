@@ -74,7 +74,7 @@ TUNE_CONFIGS = {  # candidates timed beside the default plan (gemm.plan); each m
     "large": [dict(kind="tiles", BM=128, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=4),
               dict(kind="tiles", BM=256, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=3),
               dict(kind="tiles", BM=128, BN=256, GROUP_M=8, split=True, num_warps=8, num_stages=4),
-              dict(kind="tiles", BM=128, BN=256, GROUP_M=16, split=False, num_warps=8, num_stages=3)],
+              dict(kind="tiles", BM=128, BN=256, GROUP_M=16, split=True, num_warps=8, num_stages=3)],
 }
 
 
