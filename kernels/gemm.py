@@ -305,8 +305,9 @@ SMALL_M = 64
 def plan(m: int, n: int, device: torch.device, override: dict | None = None) -> dict:
     """Launch configuration for an [m, K] x [n, K]^T product, fixed per M range (measured on the H200,
     lab/KERNELS_NOTES.md; none of these choices changes a bit, tests/gpu prove it):
-    - M <= 16: swapped, 128 weight rows a program (two wgmma M=64 halves, 4 warps), 16 token columns
-      (the smallest wgmma N Triton emits), 4 stages of 64-wide K steps (~80 KB of weights in flight);
+    - M <= 16: swapped, 128 weight rows a program (two wgmma M=64 halves, 4 warps; 64 when N/128 x 4
+      chunk programs would not give every SM two), 16 token columns (the smallest wgmma N Triton
+      emits), 4 stages of 64-wide K steps (~80 KB of weights in flight);
     - 16 < M <= 64: swapped, 64 weight rows x 64 tokens (one token tile, so the weights stream once);
     - M > 64: 128 x 256 tiles, 8 warps (two warpgroups, 128 fp32 accumulator registers a thread), 3
       stages (144 KB of shared memory), each K chunk in its own program (SPLIT): one accumulator a
@@ -315,8 +316,9 @@ def plan(m: int, n: int, device: torch.device, override: dict | None = None) -> 
       measured 0.3-0.4x cuBLAS; the split measured 0.5-0.8x."""
     if override:
         return dict(override)
-    if m <= 16:
-        return dict(kind="swapped", BN=128, BT=16, num_warps=4, num_stages=4)
+    if m <= 16:  # 128 weight rows a program unless that leaves fewer than two programs per SM
+        bn = 128 if _tr.cdiv(n, 128) * 4 >= 2 * _tr.sm_count(device) else 64
+        return dict(kind="swapped", BN=bn, BT=16, num_warps=4, num_stages=4)
     if m <= SMALL_M:
         return dict(kind="swapped", BN=64, BT=64, num_warps=4, num_stages=4)
     return dict(kind="tiles", BM=128, BN=256, GROUP_M=8, split=True, num_warps=8, num_stages=3)
