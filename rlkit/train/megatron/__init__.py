@@ -1,0 +1,21 @@
+"""rlkit's Megatron-core trainer: Megatron's GPTModel for Qwen3 with every op routed through rlkit.ops.
+
+- spec.py      the ModuleSpec (strict RMSNorm, column/row-parallel linears, RoPE + attention, SwiGLU,
+               embedding lookup, fp32 output layer) and `build_gpt_model`;
+- convert.py   rlkit/HF <-> Megatron weight layouts (fused QKV by KV group, fused gate/up), TP shards,
+               PP stage slices; bit-exact both ways;
+- trainer.py   `MegatronTrainer`: response_logprobs / state_dict_hf / train_step, TP x PP ranks;
+- cpu_shim.py  the one scoped place that lets Megatron run without a GPU.
+
+Importing this package imports megatron-core (pinned 0.16.1); nothing is patched at import.
+Run: `python -m pytest -q -m megatron tests/train/test_megatron.py`; on a GPU: `python lab/megatron_h200.py`.
+"""
+
+from rlkit.train.megatron.convert import hf_to_megatron, megatron_to_hf, shard_tp, unshard_tp
+from rlkit.train.megatron.cpu_shim import megatron_cpu_shim
+from rlkit.train.megatron.spec import build_gpt_model, qwen3_layer_spec, transformer_config
+from rlkit.train.megatron.trainer import MegatronTrainConfig, MegatronTrainer, TrainBatch
+
+__all__ = ["MegatronTrainer", "MegatronTrainConfig", "TrainBatch", "build_gpt_model", "qwen3_layer_spec",
+           "transformer_config", "hf_to_megatron", "megatron_to_hf", "shard_tp", "unshard_tp",
+           "megatron_cpu_shim"]
