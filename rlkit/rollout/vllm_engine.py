@@ -7,16 +7,19 @@
     engine.set_contract(contract)                   # at a step boundary
     engine.close()
 
-What runs inside vLLM (rlkit/rollout/vllm_plugin/):
-- strict contract (any op strict): rlkit's Qwen3 registered as the out-of-tree architecture
-  `RlkitQwen3ForCausalLM` (hf_overrides), every op through `rlkit.ops` under the engine's contract; its
-  attention layers use the `RLKIT_STRICT` backend (rlkit.ops.attention over vLLM's paged KV cache) when
-  the attention path is strict and the platform's own backend otherwise; vLLM's sampler is swapped per
-  engine for rlkit's (strict logprobs, rlkit's sampling semantics and seeds) when the logprob path is
-  strict. On the strict path the recorded logprobs equal the trainer's `response_logprobs` bit for bit,
-  and the sampled tokens equal the EmbeddedEngine's for the same requests.
-- all-native contract (`NumericsContract.native()`): vLLM's own Qwen3ForCausalLM, kernels and sampler,
-  untouched: what RL frameworks run today, the negative control.
+What runs inside vLLM (rlkit/rollout/vllm_plugin/): rlkit's Qwen3, registered as the out-of-tree
+architecture `RlkitQwen3ForCausalLM` (hf_overrides), every op through `rlkit.ops` under the engine's
+contract, per op:
+- attention strict: the `RLKIT_STRICT` backend (rlkit.ops.attention over vLLM's paged KV cache);
+  native: the platform's own vLLM backend and kernels (CPU_ATTN here; FLASH_ATTN etc. on GPUs);
+- logprob strict: rlkit's sampler in place of vLLM's (strict logprobs, rlkit's sampling semantics and
+  per-request seeds); native: vLLM's own sampler and log-softmax;
+- the other ops: rlkit.ops strict or native (torch) as for the trainer.
+On the strict path the recorded logprobs equal the trainer's `response_logprobs` bit for bit, and the
+sampled tokens equal the EmbeddedEngine's for the same requests.
+Why not vLLM's own Qwen3 layers for the native path: on the CPU they repack the GEMM weights into
+oneDNN handles and drop the parameters, leaving nothing to checksum after a sync; the native path's
+divergence is carried by vLLM's attention kernel and sampler (and torch's GEMMs) instead.
 
 Logprob semantics: rlkit's raw / processed map to vLLM's engine-wide `logprobs_mode` raw_logprobs /
 processed_logprobs (`VllmEngine(logprobs_mode="raw"|"processed")`, the semantics vLLM's own column
@@ -99,15 +102,9 @@ def vllm_environment(multiprocess: bool, kv_cache_gib: int) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def uses_vllm_model(contract: NumericsContract) -> bool:
-    """The all-native contract runs vLLM's own Qwen3; any strict op needs rlkit's model."""
-    return all(contract.path(op) == "native" for op in ("rms_norm", "linear", "swiglu", "rope",
-                                                          "attention", "logprob"))
-
-
-def _build_key(contract: NumericsContract) -> tuple[bool, str]:
-    """What is fixed when a vLLM engine is built: which model class, which attention backend."""
-    return uses_vllm_model(contract), contract.path("attention")
+def _build_key(contract: NumericsContract) -> str:
+    """What is fixed when a vLLM engine is built: the attention backend of its layers."""
+    return contract.path("attention")
 
 
 def vllm_seed(seed: int, request_id: str) -> int:
@@ -150,9 +147,7 @@ class VllmEngine:
 
         register()
         opts = self._options
-        overrides = {CONTRACT_KEY: self.contract.to_json()}
-        if not uses_vllm_model(self.contract):
-            overrides["architectures"] = [MODEL_ARCH]
+        overrides = {"architectures": [MODEL_ARCH], CONTRACT_KEY: self.contract.to_json()}
         kwargs = dict(max_num_batched_tokens=opts["max_num_batched_tokens"]) \
             if opts["max_num_batched_tokens"] else {}
         with vllm_environment(self.multiprocess, opts["kv_cache_gib"]):
@@ -193,10 +188,19 @@ class VllmEngine:
         return SamplingParams(
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, max_tokens=s.max_tokens,
             stop_token_ids=list(s.stop_token_ids), ignore_eos=True,  # stop only on stop_token_ids
-            # rlkit's sampler seeds its own generator from extra_args; vLLM's sampler from `seed`
-            seed=None if rlkit_sampler else vllm_seed(s.seed, request.request_id),
+            seed=self._vllm_seed(s.seed, request.request_id, rlkit_sampler),
             extra_args={SEED_KEY: s.seed, REQUEST_ID_KEY: request.request_id},
             logprobs=1 if rlkit_sampler else 0, flat_logprobs=True, detokenize=False)
+
+    def _vllm_seed(self, seed: int, request_id: str, rlkit_sampler: bool) -> int | None:
+        """rlkit's sampler seeds its own generator from extra_args. vLLM's sampler gets `seed`, except on
+        the CPU: there vLLM rewinds a request's generator after a chunked-prefill step with
+        `set_offset`, which CPU generators do not have (RuntimeError "CPU Generator does not use
+        offset"), so native-path requests on the CPU draw from vLLM's engine-wide generator instead
+        (reproducible for the same engine seed and request order, not per request)."""
+        if rlkit_sampler or self.info.get("device") == "cpu":
+            return None
+        return vllm_seed(seed, request_id)
 
     def _problem(self, request: GenerationRequest) -> str | None:
         vocab, limit = self.model_config.vocab_size, self._options["max_model_len"]
@@ -255,6 +259,52 @@ class VllmEngine:
                 res.processed_logprobs = None
         return results
 
+    def score(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+        """Rollout-side prefill: raw logprob of every token after the first of each sequence (vLLM's
+        prompt logprobs; on the strict path rlkit's sampler computes them from the strict logits).
+        fp32 tensors of length len(seq) - 1, as EmbeddedEngine.score."""
+        from vllm import SamplingParams
+
+        if any(len(s) < 2 for s in sequences):
+            raise ValueError("score needs sequences of at least 2 tokens")
+        params = SamplingParams(max_tokens=1, temperature=1.0, ignore_eos=True, prompt_logprobs=0,
+                                flat_logprobs=True, detokenize=False)
+        outs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params, use_tqdm=False)
+        scored = []
+        for seq, out in zip(sequences, outs):
+            flat = out.prompt_logprobs  # position 0 has no logprob; column 0 is the prompt token itself
+            scored.append(torch.tensor([flat.logprobs[flat.start_indices[j]] for j in range(1, len(seq))],
+                                       dtype=torch.float32))
+        return scored
+
+    def replay(self, prompts: list[list[int]], responses: list[list[int]]) -> list[torch.Tensor]:
+        """Teacher-forced decode: prefill each prompt, then decode its given response one token per step
+        through vLLM's scheduler and paged cache, recording raw logprobs exactly as generation would
+        (rlkit's sampler emits the given tokens; needs the strict logprob path)."""
+        from vllm import SamplingParams
+
+        from rlkit.rollout.vllm_plugin.sampler import FORCED_KEY
+
+        if self.info.get("sampler") != "rlkit":
+            raise NotImplementedError("replay forces tokens through rlkit's sampler: it needs the contract's "
+                                      "logprob path strict (vLLM's own sampler cannot be forced)")
+        if any(not r for r in responses):
+            raise ValueError("replay needs a non-empty response")
+        # temperature 1 and no top-k/top-p: processed == raw, so column 0 is raw whatever logprobs_mode is
+        params = [SamplingParams(max_tokens=len(r), temperature=1.0, ignore_eos=True, stop_token_ids=[],
+                                 logprobs=0, flat_logprobs=True, detokenize=False,
+                                 extra_args={FORCED_KEY: list(r)}) for r in responses]
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        replayed = []
+        for response, out in zip(responses, outs):
+            completion = out.outputs[0]
+            if list(completion.token_ids) != list(response):
+                raise RuntimeError(f"replay emitted {list(completion.token_ids)[:8]}..., not the response")
+            flat = completion.logprobs
+            replayed.append(torch.tensor([flat.logprobs[flat.start_indices[j]] for j in range(len(response))],
+                                         dtype=torch.float32))
+        return replayed
+
     # -- weights and contract ---------------------------------------------------------------------
     @torch.no_grad()
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> str:
@@ -275,11 +325,10 @@ class VllmEngine:
         return self._rpc("rlkit_checksum")
 
     def set_contract(self, contract: NumericsContract) -> None:
-        """Switch kernel paths (the runner calls it at step boundaries). A change of model class or of
-        the attention path rebuilds the vLLM engine from the weights it holds now."""
+        """Switch kernel paths (the runner calls it at step boundaries). A change of the attention path
+        rebuilds the vLLM engine (its layers' backend is fixed) from the weights it holds now."""
         if _build_key(contract) == _build_key(self.contract):
-            if not uses_vllm_model(contract):
-                self._rpc("rlkit_set_contract", contract.to_json())
+            self.info.update(self._rpc("rlkit_set_contract", contract.to_json()))
             self.contract = contract
             return
         if self._own_dir is None:

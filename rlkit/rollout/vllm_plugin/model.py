@@ -47,16 +47,13 @@ def rlkit_config(vllm_config: VllmConfig) -> Qwen3Config:
     """rlkit's Qwen3Config from vLLM's model config (transformers >= 5 keeps rope_theta in rope_parameters)."""
     model_config = vllm_config.model_config
     hf = dict(model_config.hf_config.to_dict())
-    rope = hf.get("rope_parameters") or {}
-    if rope:
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"rlkit's Qwen3 has plain RoPE; the config asks for {rope}")
-        hf.setdefault("rope_theta", rope.get("rope_theta"))
-        if hf.get("rope_theta") is None:
-            hf["rope_theta"] = rope.get("rope_theta")
-    hf.pop("rope_parameters", None)
+    rope = hf.pop("rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"rlkit's Qwen3 has plain RoPE; the config asks for {rope}")
     if hf.get("rope_theta") is None:
         hf.pop("rope_theta", None)
+        if rope.get("rope_theta") is not None:
+            hf["rope_theta"] = rope["rope_theta"]
     dtype = _DTYPE_NAMES.get(model_config.dtype)
     if dtype is None:
         raise ValueError(f"rlkit's Qwen3 runs bfloat16, float16 or float32; vLLM asked for {model_config.dtype}")

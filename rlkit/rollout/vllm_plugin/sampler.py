@@ -18,6 +18,8 @@ What the strict path does per request row (exactly what rlkit's EmbeddedEngine d
   tokens for the same requests (vLLM's own per-request generators are not used: the seed travels in
   `SamplingParams.extra_args`, and vLLM's generator rewind for chunked prefill, which CPU generators do
   not support, never runs);
+- a replay request (VllmEngine.replay) carries its tokens in extra_args and emits them instead of
+  sampling: teacher-forced decode through vLLM's own scheduling and paged cache;
 - rows of a partial (chunked) prefill are not sampled at all (vLLM discards their token), so they draw
   no noise;
 - logprobs come from `rlkit.ops.logprob_from_logits` under the contract: raw (the model's distribution)
@@ -47,7 +49,24 @@ from rlkit.rollout.sampling import request_generator, sample_token
 
 SEED_KEY = "rlkit_seed"
 REQUEST_ID_KEY = "rlkit_request_id"
+FORCED_KEY = "rlkit_forced_tokens"
+"""Teacher forcing (VllmEngine.replay): the tokens to emit, one per step, instead of sampling."""
 _SAMPLING_EPS = 1e-5  # vLLM's threshold below which a temperature means greedy
+
+
+class _RequestState:
+    """One request's sampling state: its generator, and the forced tokens of a replay."""
+
+    def __init__(self, generator: torch.Generator, forced: list[int] | None):
+        self.generator, self.forced, self.step = generator, forced, 0
+
+    def next_token(self, logits_row: torch.Tensor, params: SamplingParams) -> int:
+        if self.forced is not None:
+            token = int(self.forced[self.step])
+        else:
+            token = sample_token(logits_row, params, self.generator)
+        self.step += 1
+        return token
 
 
 class RlkitSampler(Sampler):
@@ -57,7 +76,7 @@ class RlkitSampler(Sampler):
         super().__init__(logprobs_mode=logprobs_mode)
         self.runner = runner
         self.contract = contract
-        self._generators: dict[str, torch.Generator] = {}
+        self._state: dict[str, _RequestState] = {}
 
     # -- rlkit semantics of one row ---------------------------------------------------------------
     def _params(self, md, i: int, vocab: int) -> SamplingParams:
@@ -69,18 +88,18 @@ class RlkitSampler(Sampler):
         return SamplingParams(temperature=temperature, top_k=0 if top_k >= vocab else max(top_k, 0),
                               top_p=top_p)
 
-    def _generator(self, req_id: str) -> torch.Generator:
-        gen = self._generators.get(req_id)
-        if gen is None:
+    def _request(self, req_id: str) -> "_RequestState":
+        state = self._state.get(req_id)
+        if state is None:
             extra = self.runner.requests[req_id].sampling_params.extra_args or {}
             gen = request_generator(int(extra.get(SEED_KEY, 0)), str(extra.get(REQUEST_ID_KEY, req_id)))
-            self._generators[req_id] = gen
-        return gen
+            state = self._state[req_id] = _RequestState(gen, extra.get(FORCED_KEY))
+        return state
 
     def _prune(self) -> None:
         live = self.runner.requests
-        for req_id in [r for r in self._generators if r not in live]:
-            del self._generators[req_id]
+        for req_id in [r for r in self._state if r not in live]:
+            del self._state[req_id]
 
     # -- vLLM's sampler interface -----------------------------------------------------------------
     def compute_logprobs(self, logits: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
@@ -116,7 +135,7 @@ class RlkitSampler(Sampler):
                     continue  # a partial prefill: vLLM drops this row's token, so draw nothing
                 params = self._params(md, i, vocab)
                 row = extra[i : i + 1]
-                token = sample_token(row[0], params, self._generator(req_id))
+                token = self._request(req_id).next_token(row[0], params)
                 tokens[i] = token
                 if not want_logprobs:
                     continue

@@ -29,31 +29,6 @@ from rlkit.rollout.vllm_plugin import register
 register()
 
 
-def rlkit_named_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's weights under rlkit's (= Hugging Face's) names. rlkit's model holds them as is; vLLM's
-    own Qwen3 (the all-native path) stacks q/k/v and gate/up, which are split back here (views)."""
-    from rlkit.rollout.vllm_plugin.model import RlkitQwen3ForCausalLM
-
-    if isinstance(model, RlkitQwen3ForCausalLM):
-        return model.rlkit_state()
-    cfg = model.config
-    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    out: dict[str, torch.Tensor] = {}
-    for name, p in model.named_parameters():
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        if ".qkv_proj." in name:
-            for part, t in zip(("q_proj", "k_proj", "v_proj"), p.split([q, kv, kv], 0)):
-                out[name.replace("qkv_proj", part)] = t
-        elif ".gate_up_proj." in name:
-            for part, t in zip(("gate_proj", "up_proj"), p.chunk(2, 0)):
-                out[name.replace("gate_up_proj", part)] = t
-        else:
-            out[name] = p
-    return out
-
-
 class RlkitWorkerExtension:
     def _rlkit_model(self) -> torch.nn.Module:
         return self.model_runner.get_model()
@@ -64,28 +39,32 @@ class RlkitWorkerExtension:
         from rlkit.rollout.vllm_plugin.sampler import RlkitSampler
 
         model = self._rlkit_model()
+        if not isinstance(model, RlkitQwen3ForCausalLM):
+            raise TypeError(f"rlkit's worker extension drives RlkitQwen3ForCausalLM, not {type(model).__name__}")
         contract = NumericsContract.from_json(contract_json)
-        info = {"model": type(model).__name__, "device": str(self.model_runner.device), "sampler": "vllm"}
-        if isinstance(model, RlkitQwen3ForCausalLM):
-            model.set_contract(contract)
-            self.model_runner.sampler = RlkitSampler(self.model_runner, contract, logprobs_mode)
-            info["sampler"] = "rlkit" if contract.path("logprob") == "strict" else "vllm"
-            layer = model.model.layers[0].self_attn.attn
-            info["attention_backend"] = layer.attn_backend.get_name()
-        else:
-            info["attention_backend"] = "vllm-model"
-        info["checksum"] = self.rlkit_checksum()
-        return info
+        model.set_contract(contract)
+        self.model_runner.sampler = RlkitSampler(self.model_runner, contract, logprobs_mode)
+        return {"model": type(model).__name__, "device": str(self.model_runner.device),
+                "dtype": str(model.config.dtype),
+                "attention_backend": model.model.layers[0].self_attn.attn.attn_backend.get_name(),
+                "sampler": "rlkit" if contract.path("logprob") == "strict" else "vllm",
+                "checksum": self.rlkit_checksum()}
 
     def rlkit_set_contract(self, contract_json: str) -> str:
         contract = NumericsContract.from_json(contract_json)
         self._rlkit_model().set_contract(contract)
         self.model_runner.sampler.contract = contract
-        return contract.fingerprint()
+        return {"fingerprint": contract.fingerprint(),
+                "sampler": "rlkit" if contract.path("logprob") == "strict" else "vllm"}
 
     @torch.no_grad()
     def rlkit_load_tensors(self, state_dict: dict[str, torch.Tensor]) -> str:
         self.model_runner.reload_weights(weights_iterator=iter(list(state_dict.items())))
+        # vLLM's weight loaders write through `param.data`, which leaves the parameter's in-place version
+        # counter alone; rlkit's strict GEMM keeps fp32 chunk copies of each weight keyed by that counter
+        # (kernels/gemm.py), so tell autograd the parameters changed, as an in-place write would have.
+        for param in self._rlkit_model().rlkit_state().values():
+            torch.autograd.graph.increment_version(param)
         return self.rlkit_checksum()
 
     def rlkit_load_bytes(self, payload: bytes) -> str:
@@ -94,13 +73,13 @@ class RlkitWorkerExtension:
         return self.rlkit_load_tensors(load(payload))
 
     def rlkit_checksum(self) -> str:
-        return weights_checksum(rlkit_named_weights(self._rlkit_model()))
+        return weights_checksum(self._rlkit_model().rlkit_state())
 
     def rlkit_save(self, folder: str) -> str:
         """Write the current weights (rlkit names) as folder/model.safetensors; returns their checksum."""
         from safetensors.torch import save_file
 
-        weights = rlkit_named_weights(self._rlkit_model())
+        weights = self._rlkit_model().rlkit_state()
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
         save_file(tensors, str(Path(folder) / "model.safetensors"), metadata={"format": "pt"})
         return weights_checksum(weights)
