@@ -100,9 +100,10 @@ def _rank(rank, world, tp, pp, jobs, train_job):
     tr = trainers["bfloat16"]
     tr.contract = STRICT
     seqs, plens = train_job["sequences"], train_job["prompt_lens"]
-    # GRPO-style signed advantages (half the sequences up, half down), one per token
-    adv = [torch.full((len(s) - p,), 1.0 if i % 2 else -1.0) for i, (s, p) in enumerate(zip(seqs, plens))]
-    out["step"] = tr.train_step(TrainBatch(seqs, plens, adv, train_job["old"]))
+    # GRPO-style signed advantages: per token for the first sequence, one float for the others
+    adv = [torch.full((len(seqs[0]) - plens[0],), -1.0)] + [1.0 if i % 2 else -1.0 for i in range(1, len(seqs))]
+    step_logprobs, out["step"] = tr.train_step(TrainBatch(seqs, plens, train_job["old"], adv))
+    out["step_logprobs"] = torch.cat(step_logprobs)
     out["state_after"] = tr.state_dict_hf()
     out["logprobs_after"] = torch.cat(tr.response_logprobs(seqs, plens))
     return out
@@ -204,6 +205,7 @@ def test_train_step_then_sync(request, rollouts, layout):
         assert math.isfinite(step["loss"]) and step["grad_norm"] > 0, step
         # the first pass of an update recomputes exactly what the rollout recorded: ratio 1, no mismatch
         assert step["mismatch_count"] == 0 and step["ratio_mean"] == 1.0, step
+        assert_bitwise_equal(got["step_logprobs"], torch.cat(rollout.raw), f"{layout} rank {rank}: step forward")
         assert set(got["state_after"]) == set(before)
         for name, t in got["state_after"].items():
             assert_bitwise_equal(t, ranks[0]["state_after"][name], f"{layout} rank {rank} vs rank 0: {name}")

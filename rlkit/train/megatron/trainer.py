@@ -5,7 +5,7 @@ What it offers (the same trainer-side calls the embedded trainer answers):
   recomputed over packed (varlen) sequences; raw, or processed when params[i] is a SamplingParams;
 - `state_dict_hf()` -> the gathered rlkit/HF-named weights (every TP shard, every PP stage), what the
   loop syncs into rollout engines (`EmbeddedEngine.load_weights`);
-- `train_step(TrainBatch)` -> dict: one GRPO/DAPO update (rlkit.train.grpo.policy_loss) with a plain
+- `train_step(TrainBatch)` -> (trainer logprobs, stats dict): one GRPO/DAPO update (rlkit.train.grpo.policy_loss) with a plain
   torch AdamW over fp32 master copies of the Megatron parameters (Megatron's DistributedOptimizer needs
   its DDP grad buffers and CUDA; the update numerics are outside the logprob contract, what matters is
   that every replica of a parameter receives the same bits, see `_sync_grads`).
@@ -27,7 +27,7 @@ trainer starts a one-process gloo group itself.
 
     trainer = MegatronTrainer(cfg, hf_state_dict, contract, MegatronTrainConfig(tp=2))
     lps = trainer.response_logprobs(seqs, prompt_lens)
-    stats = trainer.train_step(TrainBatch(seqs, prompt_lens, advantages, rollout_logprobs))
+    lps, stats = trainer.train_step(TrainBatch(seqs, prompt_lens, rollout_logprobs, advantages))
     engine.load_weights(trainer.state_dict_hf(), version=trainer.version)
 
 Run the tests: `python -m pytest -q -m megatron tests/train/test_megatron.py`.
@@ -83,16 +83,19 @@ class MegatronTrainConfig:
 
 @dataclass
 class TrainBatch:
-    """One update's data, per sequence; per-token tensors cover the response (len - prompt_len)."""
+    """One update's data, per sequence. The field names are rlkit.train.trainer.TrainBatch's, so the
+    loop can hand either trainer the same object; per-token masks are an addition."""
 
     sequences: list[list[int]]
     prompt_lens: list[int]
-    advantages: list[torch.Tensor]
-    """Per response token (a GRPO sequence advantage repeated over its tokens)."""
-    old_logprobs: list[torch.Tensor]
-    """The rollout's recorded logprobs (the importance ratio's denominator)."""
+    rollout_logprobs: list[torch.Tensor]
+    """The rollout's recorded logprobs, [len - prompt_len] each (the importance ratio's denominator)."""
+    advantages: list
+    """One float per sequence (GRPO), or a [len - prompt_len] tensor per sequence."""
+    params: SamplingParams | None = None
+    """Processed semantics (temperature / top-k / top-p) when sampling was not the identity."""
     loss_mask: list[torch.Tensor] | None = None
-    """1 where a token counts in the loss (None: every response token)."""
+    """1 where a response token counts in the loss (None: every response token)."""
 
 
 def _free_port() -> int:
@@ -335,33 +338,50 @@ class MegatronTrainer:
             sq = collectives.reference(sq, parallel_state.get_model_parallel_group())
         return float(sq.sqrt())
 
-    def train_step(self, batch: TrainBatch) -> dict:
-        """One GRPO/DAPO update; returns loss, policy stats, grad norm, tokens and how many of this
-        step's first-pass logprobs differ from the rollout's (bitwise), on every rank."""
+    def set_contract(self, contract: NumericsContract) -> None:
+        """Switch kernel paths (the runner calls it at step boundaries)."""
+        self.contract = contract
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Alias of state_dict_hf(), the name rlkit.train.trainer.EmbeddedTrainer uses."""
+        return self.state_dict_hf()
+
+    def train_step(self, batch) -> tuple[list[torch.Tensor], dict]:
+        """One GRPO/DAPO update, drop-in for EmbeddedTrainer.train_step: returns the trainer logprobs
+        of this step's forward (detached, before the update; the numbers the loss saw) and the stats
+        (loss, clip_fraction, ratio_mean, grad_norm, tokens, and mismatch_count / max_abs_diff of
+        those logprobs against the rollout's, bitwise), identical on every rank."""
         self._ensure_optimizer()
         self.model.train()
         params = list(self.model.parameters())
         for p in params:
             p.grad = None
+        n_seq = len(batch.sequences)
+        sizes = [len(s) - p for s, p in zip(batch.sequences, batch.prompt_lens)]
+        sampling = [batch.params] * n_seq if getattr(batch, "params", None) is not None else None
         keep: list = []
         stats_vec = torch.zeros(7, dtype=torch.float32, device=self.device)
+        flat = None
         with self._scope(), torch.enable_grad():
-            lps = self._logprobs(batch.sequences, batch.prompt_lens, None, keep)
+            lps = self._logprobs(batch.sequences, batch.prompt_lens, sampling, keep)
             if self.post:
                 new = torch.cat(lps)
-                old = torch.cat([torch.as_tensor(o, dtype=torch.float32) for o in batch.old_logprobs]).to(self.device)
-                adv = torch.cat([torch.as_tensor(a, dtype=torch.float32) for a in batch.advantages]).to(self.device)
-                if batch.loss_mask is None:
-                    mask = torch.ones_like(new, dtype=torch.bool)
-                else:
-                    mask = torch.cat([torch.as_tensor(m) for m in batch.loss_mask]).to(self.device).bool()
+                old = torch.cat([torch.as_tensor(o, dtype=torch.float32).reshape(-1)
+                                 for o in batch.rollout_logprobs]).to(self.device)
+                adv = torch.cat([torch.as_tensor(a, dtype=torch.float32).reshape(-1).expand(n)
+                                 if torch.as_tensor(a).numel() == 1 else torch.as_tensor(a, dtype=torch.float32)
+                                 for a, n in zip(batch.advantages, sizes)]).to(self.device)
+                masks = getattr(batch, "loss_mask", None)
+                mask = (torch.ones_like(new, dtype=torch.bool) if masks is None else
+                        torch.cat([torch.as_tensor(m).reshape(-1) for m in masks]).to(self.device).bool())
                 if not (new.shape == old.shape == adv.shape == mask.shape):
-                    raise ValueError(f"per-token sizes differ: logprobs {tuple(new.shape)}, old "
+                    raise ValueError(f"per-token sizes differ: logprobs {tuple(new.shape)}, rollout "
                                      f"{tuple(old.shape)}, advantages {tuple(adv.shape)}, mask {tuple(mask.shape)}")
                 loss, stats = policy_loss(new, old, adv, mask, self.config.clip_low, self.config.clip_high)
                 loss.backward()
-                differs = _differs(new.detach().cpu(), old.cpu())
-                delta = (new.detach().double().cpu() - old.double().cpu()).abs()
+                flat = new.detach()
+                differs = _differs(flat.cpu(), old.cpu())
+                delta = (flat.double().cpu() - old.double().cpu()).abs()
                 stats_vec = torch.tensor([float(loss.detach()), stats["clip_fraction"], stats["ratio_mean"],
                                           float(mask.sum()), float(new.numel()), float(differs.sum()),
                                           float(delta.max()) if delta.numel() else 0.0],
@@ -378,12 +398,16 @@ class MegatronTrainer:
             self._optimizer.step()
             for m, p in zip(self._master, params):
                 p.copy_(m)  # one rounding to the parameter dtype
+                p.grad = None
+        self.model.eval()
         self.version += 1
+        flat = self._from_last_stage(flat, sum(sizes))
         stats_vec = self._from_last_stage(stats_vec if self.post else None, 7)
         loss, clip_fraction, ratio_mean, tokens, total, mismatch, max_abs = stats_vec.tolist()
-        return {"loss": loss, "clip_fraction": clip_fraction, "ratio_mean": ratio_mean,
-                "grad_norm": grad_norm, "tokens": int(tokens), "compared_tokens": int(total),
-                "mismatch_count": int(mismatch), "max_abs_diff": max_abs, "version": self.version}
+        stats = {"loss": loss, "clip_fraction": clip_fraction, "ratio_mean": ratio_mean,
+                 "grad_norm": grad_norm, "tokens": int(tokens), "compared_tokens": int(total),
+                 "mismatch_count": int(mismatch), "max_abs_diff": max_abs, "version": self.version}
+        return list(torch.split(flat, sizes)), stats
 
     def _pipeline_backward(self, keep: list) -> None:
         """PP > 1: the last stage already ran loss.backward(); pass each pack's input gradient to the
