@@ -16,6 +16,8 @@ so every block tree has exactly `block_size` leaves in every mode.
 
 The reference vectorizes over all sequences of a call by padding them to a common length; the guards
 make the padding invisible, which is itself the batch-invariance claim under test.
+
+GPU: the Triton kernel at the end of this file runs this schedule for CUDA tensors (`strict(...)`).
 """
 
 from __future__ import annotations

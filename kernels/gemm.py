@@ -12,6 +12,9 @@ or more; the fixed-tile calls give identical bits (tests/kernels/test_gemm.py).
 Row-parallel tensor parallelism: a rank holding K/tp of the columns computes the subtree of its
 k_chunks/tp chunks with `partial(...)`; `rlkit.kernels.collectives.all_reduce` gathers the per-rank fp32
 partials and combines the top levels of the same tree, so TP 1, 2 and 4 give the same bits.
+
+GPU: the Triton kernels at the end of this file run the same contract on tensor cores for CUDA tensors
+(`strict(...)` picks them; `rlkit.ops.linear` calls `strict`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ Two semantics, both defined here and used by the rollout engine and the trainer 
   over what is kept. A token outside the kept set has logprob -inf.
 
 Rows are processed `row_block` at a time, so raw logprobs never hold a [tokens x vocab] fp32 tensor.
+
+GPU: the Triton path at the end of this file (strict GEMM to fp32 logits + a vocab-chunk LSE kernel).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ hidden dim by the canonical pairwise tree (no torch reduction, whose order follo
 mean = sum / hidden; rstd = rsqrt(mean + eps) (the rsqrt primitive); x * rstd in fp32, then either rounded
 to the model dtype and multiplied by the weight there (`model_dtype`, the HF Qwen3 order) or multiplied
 in fp32 and rounded once (`float32`). Each row is computed from its own values only: batch-invariant.
+
+GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ inv_freq[i] = theta ** (-2i / head_dim) and the integer position, and rounded to
 always built for a whole number of 1024-position blocks so a position's entry never depends on how long
 the table is. Applying: x * cos + rotate_half(x) * sin in fp32, rounded once. A row's result depends on
 its values and its position only.
+
+GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors).
 """
 
 from __future__ import annotations

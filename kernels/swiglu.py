@@ -4,6 +4,8 @@ Contract (ElementwiseSpec.swiglu = float32_once): gate and up widened to fp32; s
 from the exp primitive (torch's own sigmoid/silu take a different code path for the tail of a vector
 and change bits with the element's position, see tests/kernels/test_primitives.py); g * sigmoid(g) * up
 in fp32; one rounding to the model dtype. Purely elementwise: batch-invariant.
+
+GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors).
 """
 
 from __future__ import annotations
