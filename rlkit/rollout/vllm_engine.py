@@ -235,28 +235,21 @@ class VllmEngine:
         prompts = [{"prompt_token_ids": list(req.prompt_ids)} for req, _ in todo]
         params = [self._sampling_params(req) for req, _ in todo]
         outputs = self.llm.generate(prompts, params, use_tqdm=progress)
-        both = self.info.get("sampler") == "rlkit"
-        primary = "raw" if self.logprobs_mode == "raw" else "processed"
+        both = self.info.get("sampler") == "rlkit"  # rlkit's sampler adds the other semantics as column 1
+        primary = self.logprobs_mode
+        other = "processed" if primary == "raw" else "raw"
         for (req, res), out in zip(todo, outputs):
             completion = out.outputs[0]
             res.token_ids = list(completion.token_ids)
-            res.finish_reason = {"stop": "stop", "length": "length"}.get(completion.finish_reason or "",
-                                                                         completion.finish_reason or "")
-            flat = completion.logprobs
-            columns = {primary: [], ("processed" if primary == "raw" else "raw"): []}
-            for j in range(len(res.token_ids)):
-                lo = flat.start_indices[j]
-                columns[primary].append(flat.logprobs[lo])
-                if both:
-                    columns["processed" if primary == "raw" else "raw"].append(flat.logprobs[lo + 1])
-            if res.raw_logprobs is not None and (both or primary == "raw"):
-                res.raw_logprobs = columns["raw"]
-            elif res.raw_logprobs is not None:
-                res.raw_logprobs = None
-            if res.processed_logprobs is not None and (both or primary == "processed"):
-                res.processed_logprobs = columns["processed"]
-            elif res.processed_logprobs is not None:
-                res.processed_logprobs = None
+            res.finish_reason = completion.finish_reason or ""
+            flat = completion.logprobs  # FlatLogprobs: entries start_indices[j] .. end_indices[j] of token j
+            starts = flat.start_indices[: len(res.token_ids)]
+            values = {primary: [flat.logprobs[lo] for lo in starts],
+                      other: [flat.logprobs[lo + 1] for lo in starts] if both else None}
+            if res.raw_logprobs is not None:
+                res.raw_logprobs = values["raw"]
+            if res.processed_logprobs is not None:
+                res.processed_logprobs = values["processed"]
         return results
 
     def score(self, sequences: list[list[int]]) -> list[torch.Tensor]:

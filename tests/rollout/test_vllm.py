@@ -104,6 +104,8 @@ def test_strict_rollout_equals_trainer_and_embedded(setup):
     assert all(r.ok and r.finish_reason == "length" and len(r.token_ids) == 8 for r in results)
     assert {r.contract_fingerprint for r in results} == {STRICT.fingerprint()}
     assert {(r.engine_id, r.weight_version) for r in results} == {(engine.engine_id, 0)}
+    (bad,) = engine.generate([GenerationRequest("bad", (151_936,))])  # outside the vocabulary
+    assert bad.finish_reason == "error" and "vocab" not in bad.error and "[0, 151936)" in bad.error
 
     assert_bitwise_equal(recorded(results, "raw"), trainer_logprobs(model, results, STRICT),
                          "vLLM raw logprobs vs trainer")
@@ -159,8 +161,9 @@ def test_multiprocess_weight_sync_and_parity(tmp_path):
     from rlkit.rollout.vllm_engine import VllmEngine
 
     model = build_model(preset("tiny"), seed=5)  # bf16
-    with VllmEngine(model, STRICT, engine_id="vllm-mp", multiprocess=True, max_num_batched_tokens=BUDGET,
-                    max_model_len=256, workdir=str(tmp_path)) as engine:
+    # logprobs_mode="processed": vLLM's own column carries processed logprobs, rlkit's second column raw
+    with VllmEngine(model, STRICT, engine_id="vllm-mp", multiprocess=True, logprobs_mode="processed",
+                    max_num_batched_tokens=BUDGET, max_model_len=256, workdir=str(tmp_path)) as engine:
         state = perturbed(model, 3)
         model.load_state_dict(state)
         assert engine.load_weights(state, 1) == weights_checksum(model.state_dict())
