@@ -9,7 +9,9 @@ engine, give decode logprobs equal to the trainer's recompute. The native contra
 control; where it happens to agree, the test says so and asserts the measured count.
 
 Cost: one TP-1 process, one TP-2 pair and one PP-2 pair; each rank does all of its checks in one go.
-Run: `.venv/bin/python -m pytest -q -m megatron tests/train/test_megatron.py`
+The TP-2 x PP-2 layout (four ranks) is marked slow.
+Run: `.venv/bin/python -m pytest -q -m "megatron and not slow" tests/train/test_megatron.py` (CI), and
+`-m megatron` for everything.
 """
 
 from __future__ import annotations
@@ -106,6 +108,16 @@ def _rank(rank, world, tp, pp, jobs, train_job):
     out["step_logprobs"] = torch.cat(step_logprobs)
     out["state_after"] = tr.state_dict_hf()
     out["logprobs_after"] = torch.cat(tr.response_logprobs(seqs, plens))
+    if tp == pp == 1:  # checkpoint, step, restore, step again: the two second steps are identical
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            tr.save(f"{d}/ckpt")
+            _, first = tr.train_step(TrainBatch(seqs, plens, train_job["old"], adv))
+            out["resume_a"] = (tr.state_dict_hf(), first)
+            tr.load(f"{d}/ckpt")
+            _, again = tr.train_step(TrainBatch(seqs, plens, train_job["old"], adv))
+            out["resume_b"] = (tr.state_dict_hf(), again)
     return out
 
 
@@ -135,6 +147,15 @@ def pp2(rollouts):
     return run_ranks(2, _rank, 1, 2, _jobs(rollouts, [("bfloat16", "strict")]), _train_job(rollouts))
 
 
+@pytest.fixture(scope="module")
+def tp2pp2(rollouts):
+    """Four ranks: ~1 minute on 2 cores, so marked slow where used."""
+    return run_ranks(4, _rank, 2, 2, _jobs(rollouts, [("bfloat16", "strict")]), _train_job(rollouts))
+
+
+SLOW_4_RANKS = pytest.param("tp2pp2", marks=pytest.mark.slow)
+
+
 # -- the strict path: trainer == what the rollout recorded ----------------------------------------------
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_tp1_strict_equals_rollout(tp1, rollouts, dtype):
@@ -145,7 +166,7 @@ def test_tp1_strict_equals_rollout(tp1, rollouts, dtype):
                          f"Megatron TP1 {dtype} vs decode (processed)")
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", SLOW_4_RANKS])
 def test_parallel_strict_equals_rollout(request, rollouts, layout):
     ranks = request.getfixturevalue(layout)
     rollout = rollouts[("bfloat16", "strict")]
@@ -195,7 +216,7 @@ def test_stock_megatron_mismatches(tp1, rollouts):
 
 
 # -- a GRPO step through Megatron, then weight sync back to the rollout ---------------------------------------
-@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2"])
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2", SLOW_4_RANKS])
 def test_train_step_then_sync(request, rollouts, layout):
     ranks = request.getfixturevalue(layout)
     rollout = rollouts[("bfloat16", "strict")]
@@ -220,6 +241,13 @@ def test_train_step_then_sync(request, rollouts, layout):
     for rank, got in enumerate(ranks):
         assert_bitwise_equal(got["logprobs_after"], torch.cat(decoded),
                              f"{layout} rank {rank}: trainer recompute after the step vs engine decode")
+
+
+def test_checkpoint_resume_is_bit_exact(tp1):
+    (state_a, stats_a), (state_b, stats_b) = tp1[0]["resume_a"], tp1[0]["resume_b"]
+    assert stats_a == stats_b
+    for name in state_a:
+        assert_bitwise_equal(state_b[name], state_a[name], f"resumed second step: {name}")
 
 
 # -- weight conversion -----------------------------------------------------------------------------------

@@ -232,8 +232,8 @@ class StrictCoreAttention(MegatronModule):
         if softmax_scale is not None and softmax_scale != config.kv_channels ** -0.5:
             raise NotImplementedError("the contract scales scores by head_dim ** -0.5")
         if config.context_parallel_size > 1:
-            raise NotImplementedError("context parallelism is not wired (see rlkit.train.megatron's "
-                                      "package docstring)")
+            raise NotImplementedError("context parallelism is not wired (see the CP note in "
+                                      "rlkit/train/megatron/trainer.py)")
         self.rope_theta = rope_theta
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,

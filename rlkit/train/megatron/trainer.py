@@ -17,9 +17,14 @@ Parallelism: world = TP x PP ranks (data parallelism is not wired: one model rep
   stages with point-to-point send/recv, one pack at a time, forward for all packs then backward
   (GPipe order, no 1F1B interleaving). A tied embedding's last-stage copy gets its gradient summed
   with the first stage's by the canonical all-reduce.
-- CP: not wired. The attention contract would allow it (a query's result is a pairwise tree over KV
-  splits; ranks holding whole splits could exchange (max, sum, acc) states and merge them by the same
-  tree), but that needs a split-state API in rlkit.kernels.attention; StrictCoreAttention refuses CP.
+- CP: not wired. The attention contract allows it without a new kernel API: a query's result depends
+  only on its q, the keys at positions 0..p and the fixed split/block schedule, so a CP rank that
+  all-gathers K/V (Megatron's cp_comm_type="all_gather" scheme) and runs ops.attention for its own
+  query chunks (AttentionLayout with query_start = the chunk's first position) gets the CP-1 bits. What
+  is missing is the rest of CP in this trainer: the load-balanced token split of packed sequences
+  (Megatron does it with Transformer Engine, absent here), global positions for RoPE, and the CP
+  gradient reduction. Ring (p2p) CP would exchange split states instead and would need a
+  (max, sum, acc) split-state API from rlkit.kernels.attention. StrictCoreAttention refuses CP > 1.
 
 Distributed set-up: call `torch.distributed.init_process_group` first (gloo on CPU, NCCL on GPUs; the
 strict collectives are all_gather based and run on either); with TP = PP = 1 and no process group, the
@@ -206,7 +211,8 @@ class MegatronTrainer:
                 m.copy_(p)
 
     def state_dict_hf(self) -> dict[str, torch.Tensor]:
-        """Every TP shard and PP stage gathered and converted to rlkit/HF names, on every rank."""
+        """Every TP shard and PP stage gathered and converted to rlkit/HF names, on every rank (a
+        snapshot: new tensors, not views of the parameters)."""
         local = self.megatron_state()
         if self.config.tp > 1:
             shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.config.tp)]
@@ -222,7 +228,8 @@ class MegatronTrainer:
             dist.all_gather_object(stages, mine, group=self.pp_group)
             local = convert.merge_stages(stages)
             local = {k: v.to(self.device) for k, v in local.items()}
-        return convert.megatron_to_hf(local, self.cfg)
+        # copies: conversion returns views into the live parameters, which the next step overwrites
+        return {k: v.clone() for k, v in convert.megatron_to_hf(local, self.cfg).items()}
 
     def checksum(self) -> str:
         return weights_checksum(self.state_dict_hf())
@@ -408,6 +415,32 @@ class MegatronTrainer:
                  "grad_norm": grad_norm, "tokens": int(tokens), "compared_tokens": int(total),
                  "mismatch_count": int(mismatch), "max_abs_diff": max_abs, "version": self.version}
         return list(torch.split(flat, sizes)), stats
+
+    # -- checkpoints: each rank saves its own shard; a resumed run continues bit for bit -----------------
+    def _rank_path(self, path) -> str:
+        return f"{path}.tp{self.tp_rank}.pp{self.pp_rank}"
+
+    def save(self, path) -> None:
+        """Write this rank's parameters, fp32 masters and AdamW state to `<path>.tp<r>.pp<s>`."""
+        self._ensure_optimizer()
+        torch.save({"params": {k: v.cpu() for k, v in self.megatron_state().items()},
+                    "masters": [m.detach().cpu() for m in self._master],
+                    "optimizer": self._optimizer.state_dict(), "version": self.version},
+                   self._rank_path(path))
+
+    @torch.no_grad()
+    def load(self, path) -> None:
+        state = torch.load(self._rank_path(path), map_location=self.device, weights_only=False)
+        self._ensure_optimizer()
+        params = dict(self.model.named_parameters())
+        if set(state["params"]) != set(params):
+            raise ValueError(f"{self._rank_path(path)} holds another layout's parameters")
+        for name, p in params.items():
+            p.copy_(state["params"][name])
+        for m, saved in zip(self._master, state["masters"]):
+            m.copy_(saved)
+        self._optimizer.load_state_dict(state["optimizer"])
+        self.version = state["version"]
 
     def _pipeline_backward(self, keep: list) -> None:
         """PP > 1: the last stage already ran loss.backward(); pass each pack's input gradient to the
