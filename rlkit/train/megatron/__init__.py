@@ -5,7 +5,8 @@
 - convert.py   rlkit/HF <-> Megatron weight layouts (fused QKV by KV group, fused gate/up), TP shards,
                PP stage slices; bit-exact both ways;
 - trainer.py   `MegatronTrainer`: response_logprobs / state_dict_hf / train_step, TP x PP ranks;
-- cpu_shim.py  the one scoped place that lets Megatron run without a GPU.
+- cpu_shim.py  the one scoped place that lets Megatron run without a GPU;
+- stock.py     Megatron's own local layer spec on the same weights: the out-of-the-box negative control.
 
 Importing this package imports megatron-core (pinned 0.16.1); nothing is patched at import.
 Run: `python -m pytest -q -m megatron tests/train/test_megatron.py`; on a GPU: `python lab/megatron_h200.py`.

@@ -34,8 +34,9 @@ Why the bits equal rlkit's own Qwen3 (and hence the rollout engine):
   gathers the vocab shards and runs ops.logprob_from_logits on whole rows.
 
 Backward: the linear layers use custom autograd functions whose forward is the strict op and whose
-backward is plain fp32 matmuls (gradient bits are outside the logprob contract). TP gradient
-reductions use the canonical all-reduce so replicated parameters stay bit-identical on every rank.
+backward is plain fp32 matmuls (gradient bits are outside the logprob contract); attention's backward
+is the op's own (rlkit.kernels.attention: strict forward, native SDPA backward). TP gradient reductions
+use the canonical all-reduce so replicated parameters stay bit-identical on every rank.
 
 Run: this module is imported by rlkit.train.megatron.trainer; `pytest -m megatron tests/train` tests it.
 """
@@ -118,43 +119,6 @@ class _RowLinear(torch.autograd.Function):
         dx = (dy2 @ w.float()).to(x.dtype).reshape(x.shape)
         dw = (dy2.t() @ x.reshape(-1, x.shape[-1]).float()).to(w.dtype)
         return dx, dw, None, None
-
-
-def _plain_attention(q, k, v, cu: torch.Tensor) -> torch.Tensor:
-    """Causal GQA attention in fp32 by the textbook formula, one sequence at a time (backward only)."""
-    outs = []
-    group = q.shape[1] // k.shape[1]
-    for i in range(cu.numel() - 1):
-        lo, hi = int(cu[i]), int(cu[i + 1])
-        qi = q[lo:hi].float().transpose(0, 1)                               # [H, n, D]
-        ki = k[lo:hi].float().transpose(0, 1).repeat_interleave(group, 0)
-        vi = v[lo:hi].float().transpose(0, 1).repeat_interleave(group, 0)
-        scores = (qi @ ki.transpose(1, 2)) * q.shape[-1] ** -0.5
-        causal = torch.ones(hi - lo, hi - lo, dtype=torch.bool, device=q.device).tril()
-        probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
-        outs.append((probs @ vi).transpose(0, 1))
-    return torch.cat(outs)
-
-
-class _Attention(torch.autograd.Function):
-    """Forward: ops.attention (the contract's schedule). Backward: the gradient of the textbook fp32
-    attention, recomputed. The strict reference is written for exact forward bits; differentiating
-    through it gives NaN (its masked lanes compute exp(-inf - -inf) and 0/0 on padding rows that
-    torch.where discards in the forward but not in the chain rule), and it would be slow."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu):
-        ctx.save_for_backward(q, k, v, cu)
-        return ops.attention(q, k, v, AttentionLayout.prefill(cu))
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, cu = ctx.saved_tensors
-        with torch.enable_grad():
-            qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
-            out = _plain_attention(qq, kk, vv, cu)
-            dq, dk, dv = torch.autograd.grad(out, (qq, kk, vv), dout.float())
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
 class _SelectOwnedRows(torch.autograd.Function):
@@ -253,7 +217,7 @@ class StrictCoreAttention(MegatronModule):
         positions = torch.arange(q.shape[0], device=q.device, dtype=torch.int64) - starts
         q = ops.rope(q, positions, self.rope_theta)
         k = ops.rope(k, positions, self.rope_theta)
-        out = _Attention.apply(q, k, v, cu)                               # [T, heads, D]
+        out = ops.attention(q, k, v, AttentionLayout.prefill(cu))       # [T, heads, D]
         if packed:
             return out.reshape(out.shape[0], -1)
         return out.reshape(b, s, -1).transpose(0, 1)                      # [S, B, heads * D]
