@@ -563,13 +563,16 @@ def gpu_supported(q, k, contract: NumericsContract) -> bool:
 
 
 class _StrictAttention(torch.autograd.Function):
-    """Forward: the strict Triton attention. Backward: native (torch SDPA recomputed under autograd)."""
+    """Forward: the strict attention (Triton on CUDA, the reference elsewhere). Backward: native (torch
+    SDPA recomputed under autograd)."""
 
     @staticmethod
     def forward(ctx, q, k, v, layout, contract):
         ctx.save_for_backward(q, k, v)
         ctx.layout = layout
-        return triton_attention(q, k, v, layout, contract)
+        if _tr.on_gpu(q, k, v) and gpu_supported(q, k, contract):
+            return triton_attention(q, k, v, layout, contract)
+        return reference(q, k, v, layout, contract)
 
     @staticmethod
     def backward(ctx, go):
@@ -582,9 +585,10 @@ class _StrictAttention(torch.autograd.Function):
 
 
 def strict(q, k, v, layout: AttentionLayout, contract: NumericsContract):
-    """Strict attention: the Triton kernel for CUDA tensors, the reference otherwise."""
+    """Strict attention: the Triton kernel for CUDA tensors, the reference otherwise; under autograd the
+    same forward with a native backward."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _StrictAttention.apply(q, k, v, layout, contract)
     if _tr.on_gpu(q, k, v) and gpu_supported(q, k, contract):
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-            return _StrictAttention.apply(q, k, v, layout, contract)
         return triton_attention(q, k, v, layout, contract)
     return reference(q, k, v, layout, contract)

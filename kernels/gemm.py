@@ -407,13 +407,15 @@ def triton_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
 
 # -- the strict entry points rlkit.ops calls ------------------------------------------------------------
 class _StrictLinear(torch.autograd.Function):
-    """Forward: the strict Triton GEMM. Backward: native cuBLAS products in the model dtype (gradients
-    need not be bitwise; only the forward's logprobs are compared)."""
+    """Forward: the strict GEMM (Triton on CUDA, the reference elsewhere). Backward: native products in
+    the model dtype (gradients need not be bitwise; only the forward's logprobs are compared)."""
 
     @staticmethod
     def forward(ctx, x, w, contract, out_dtype):
         ctx.save_for_backward(x, w)
-        return triton_partial(x, w, contract, 1, out_dtype or x.dtype)
+        if _tr.on_gpu(x, w) and supported(x, w, contract):
+            return triton_partial(x, w, contract, 1, out_dtype or x.dtype)
+        return reference(x, w, contract, out_dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -426,10 +428,11 @@ class _StrictLinear(torch.autograd.Function):
 
 def strict(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Strict y = x @ w.T: the Triton kernel for CUDA tensors, the reference otherwise."""
+    """Strict y = x @ w.T: the Triton kernel for CUDA tensors, the reference otherwise; under autograd
+    the same forward with a native backward."""
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
+        return _StrictLinear.apply(x, w, contract, out_dtype)
     if _tr.on_gpu(x, w) and supported(x, w, contract):
-        if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
-            return _StrictLinear.apply(x, w, contract, out_dtype)
         return triton_partial(x, w, contract, 1, out_dtype or x.dtype)
     return reference(x, w, contract, out_dtype)
 

@@ -271,7 +271,9 @@ class _StrictLogprob(torch.autograd.Function):
     def forward(ctx, hidden, weight, token_ids, contract, params):
         ctx.save_for_backward(hidden, weight, token_ids)
         ctx.contract, ctx.params = contract, params
-        return triton_logprob(hidden, weight, token_ids, contract, params)
+        if _tr.on_gpu(hidden, weight) and _gpu_ok(contract) and gemm.supported(hidden, weight, contract):
+            return triton_logprob(hidden, weight, token_ids, contract, params)
+        return reference(hidden, weight, token_ids, contract, params)
 
     @staticmethod
     def backward(ctx, g):
@@ -279,7 +281,9 @@ class _StrictLogprob(torch.autograd.Function):
         params = ctx.params
         gh = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         gw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
-        step = max(ctx.contract.logprob.row_block, GPU_ROW_BLOCK)
+        step = ctx.contract.logprob.row_block
+        if hidden.is_cuda:
+            step = max(step, GPU_ROW_BLOCK)
         for lo in range(0, hidden.shape[0], step):
             h = hidden[lo : lo + step]
             z = F.linear(h, weight).float()
@@ -313,9 +317,10 @@ def strict_from_logits(logits_fp32, token_ids, contract, params=None):
 
 
 def strict(hidden, weight, token_ids, contract, params=None):
-    """Strict logprobs: the Triton path for CUDA tensors, the reference otherwise."""
+    """Strict logprobs: the Triton path for CUDA tensors, the reference otherwise; under autograd the
+    same forward with a native backward."""
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return _StrictLogprob.apply(hidden, weight, token_ids, contract, params)
     if _tr.on_gpu(hidden, weight) and _gpu_ok(contract) and gemm.supported(hidden, weight, contract):
-        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-            return _StrictLogprob.apply(hidden, weight, token_ids, contract, params)
         return triton_logprob(hidden, weight, token_ids, contract, params)
     return reference(hidden, weight, token_ids, contract, params)

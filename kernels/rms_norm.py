@@ -127,13 +127,15 @@ def triton_rms_norm(x, weight, eps, contract, residual=None):
 
 
 class _StrictRmsNorm(torch.autograd.Function):
-    """Forward: the Triton kernel. Backward: the reference's formula re-run by torch autograd."""
+    """Forward: the strict kernel (Triton on CUDA, the reference elsewhere). Backward: the native formula
+    re-run by torch autograd."""
 
     @staticmethod
     def forward(ctx, x, weight, residual, eps, contract):
         ctx.save_for_backward(x, weight, residual if residual is not None else x)
         ctx.has_res, ctx.eps, ctx.contract = residual is not None, eps, contract
-        out = triton_rms_norm(x, weight, eps, contract, residual)
+        run = triton_rms_norm if _tr.on_gpu(x, weight) else reference
+        out = run(x, weight, eps, contract, residual)
         return out if residual is not None else (out, x.new_empty(0))
 
     @staticmethod
@@ -155,10 +157,11 @@ class _StrictRmsNorm(torch.autograd.Function):
 
 
 def strict(x, weight, eps, contract, residual=None):
-    """Strict RMSNorm: the Triton kernel for CUDA tensors, the reference otherwise."""
+    """Strict RMSNorm: the Triton kernel for CUDA tensors, the reference otherwise; under autograd the
+    same forward with a native backward."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, residual)):
+        y, s = _StrictRmsNorm.apply(x, weight, residual, eps, contract)
+        return y if residual is None else (y, s)
     if _tr.on_gpu(x, weight):
-        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, residual)):
-            y, s = _StrictRmsNorm.apply(x, weight, residual, eps, contract)
-            return y if residual is None else (y, s)
         return triton_rms_norm(x, weight, eps, contract, residual)
     return reference(x, weight, eps, contract, residual)

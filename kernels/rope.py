@@ -152,7 +152,9 @@ class _StrictRope(torch.autograd.Function):
     def forward(ctx, x, positions, theta, contract):
         ctx.save_for_backward(positions)
         ctx.theta = theta
-        return triton_rope(x, positions, theta, contract)
+        if _tr.on_gpu(x, positions):
+            return triton_rope(x, positions, theta, contract)
+        return reference(x, positions, theta, contract)
 
     @staticmethod
     def backward(ctx, gy):
@@ -168,9 +170,10 @@ class _StrictRope(torch.autograd.Function):
 
 
 def strict(x, positions, theta, contract):
-    """Strict RoPE: the Triton kernel for CUDA tensors, the reference otherwise."""
+    """Strict RoPE: the Triton kernel for CUDA tensors, the reference otherwise; under autograd the same
+    forward with the exact inverse rotation as backward."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _StrictRope.apply(x, positions, theta, contract)
     if _tr.on_gpu(x, positions):
-        if torch.is_grad_enabled() and x.requires_grad:
-            return _StrictRope.apply(x, positions, theta, contract)
         return triton_rope(x, positions, theta, contract)
     return reference(x, positions, theta, contract)

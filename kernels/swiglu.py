@@ -77,7 +77,9 @@ class _StrictSwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, contract):
         ctx.save_for_backward(gate, up)
-        return triton_swiglu(gate, up, contract)
+        if _tr.on_gpu(gate, up):
+            return triton_swiglu(gate, up, contract)
+        return reference(gate, up, contract)
 
     @staticmethod
     def backward(ctx, gy):
@@ -90,9 +92,10 @@ class _StrictSwiGLU(torch.autograd.Function):
 
 
 def strict(gate, up, contract):
-    """Strict SwiGLU: the Triton kernel for CUDA tensors, the reference otherwise."""
+    """Strict SwiGLU: the Triton kernel for CUDA tensors, the reference otherwise; under autograd the same
+    forward with a native backward."""
+    if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+        return _StrictSwiGLU.apply(gate, up, contract)
     if _tr.on_gpu(gate, up):
-        if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
-            return _StrictSwiGLU.apply(gate, up, contract)
         return triton_swiglu(gate, up, contract)
     return reference(gate, up, contract)

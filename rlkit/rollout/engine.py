@@ -239,7 +239,7 @@ class EmbeddedEngine:
         bar = None
         if progress:
             from tqdm.auto import tqdm
-            bar = tqdm(total=total, desc=f"{self.engine_id} generate", unit="req", leave=False)
+            bar = tqdm(total=total, desc=f"{self.engine_id} generate", unit="req", leave=False, disable=None)
         while self.has_unfinished() or self._finished:
             finished = self.step()
             out.extend(finished)
@@ -257,12 +257,13 @@ class EmbeddedEngine:
         by_id = {r.request_id: r for r in self.run_until_done(progress, len(requests))}
         return [by_id[r.request_id] for r in requests]
 
-    def score(self, sequences: list[list[int]]) -> list[torch.Tensor]:
+    def score(self, sequences: list[list[int]], request_ids: list[str] | None = None) -> list[torch.Tensor]:
         """Rollout-side prefill: raw logprob of every token after the first of each sequence, computed
         by (chunked) prefill through the paged cache. Returns fp32 tensors of length len(seq) - 1."""
         seqs = []
-        for seq_tokens in sequences:
-            req = GenerationRequest(f"score-{next(self._ids)}", tuple(seq_tokens), logprobs_mode="raw")
+        for i, seq_tokens in enumerate(sequences):
+            rid = request_ids[i] if request_ids else f"score-{next(self._ids)}"
+            req = GenerationRequest(rid, tuple(seq_tokens), logprobs_mode="raw")
             seq = self._new_sequence(req, list(seq_tokens), len(seq_tokens))
             seq.score_logprobs = []
             self._enqueue(seq)
@@ -271,12 +272,14 @@ class EmbeddedEngine:
         self._raise_errors(seqs)
         return [torch.tensor(s.score_logprobs, dtype=torch.float32) for s in seqs]
 
-    def replay(self, prompts: list[list[int]], responses: list[list[int]]) -> list[torch.Tensor]:
+    def replay(self, prompts: list[list[int]], responses: list[list[int]],
+               request_ids: list[str] | None = None) -> list[torch.Tensor]:
         """Teacher-forced decode: prefill each prompt, then decode its given response one token per step
         (batched with the others), recording raw logprobs exactly as generation would."""
         seqs = []
-        for prompt, response in zip(prompts, responses):
-            req = GenerationRequest(f"replay-{next(self._ids)}", tuple(prompt), logprobs_mode="raw")
+        for i, (prompt, response) in enumerate(zip(prompts, responses)):
+            rid = request_ids[i] if request_ids else f"replay-{next(self._ids)}"
+            req = GenerationRequest(rid, tuple(prompt), logprobs_mode="raw")
             seq = self._new_sequence(req, list(prompt), len(prompt) + len(response))
             seq.forced = deque(response)
             self._enqueue(seq)

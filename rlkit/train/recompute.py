@@ -51,10 +51,19 @@ def response_logprobs(model: Qwen3ForCausalLM, sequences: Sequence[Sequence[int]
         for pack in pack_order([len(s) for s in sequences], max_batch_tokens):
             seqs = [torch.tensor(list(sequences[i]), dtype=torch.int64, device=dev) for i in pack]
             hidden = model(ForwardBatch.packed(seqs))
+            # one logprob call per distinct sampling semantics in the pack (rows are independent, so how
+            # they are grouped cannot change a bit; fewer calls keep the lm_head work in large blocks)
+            groups: dict = {}
             offset = 0
             for j, i in enumerate(pack):
                 n, p = len(seqs[j]), prompt_lens[i]
-                rows = hidden[offset + p - 1 : offset + n - 1]
-                out[i] = model.logprobs(rows, seqs[j][p:], params[i])
+                groups.setdefault(params[i], []).append((i, offset + p - 1, offset + n - 1, seqs[j][p:]))
                 offset += n
+            for semantics, members in groups.items():
+                rows = torch.cat([torch.arange(lo, hi, device=dev) for _, lo, hi, _ in members])
+                lp = model.logprobs(hidden[rows], torch.cat([t for *_, t in members]), semantics)
+                start = 0
+                for i, lo, hi, _ in members:
+                    out[i] = lp[start : start + hi - lo]
+                    start += hi - lo
     return out  # type: ignore[return-value]

@@ -12,10 +12,17 @@ Importing this package imports megatron-core (pinned 0.16.1); nothing is patched
 Run: `python -m pytest -q -m megatron tests/train/test_megatron.py`; on a GPU: `python lab/megatron_h200.py`.
 """
 
-from rlkit.train.megatron.convert import hf_to_megatron, megatron_to_hf, shard_tp, unshard_tp
-from rlkit.train.megatron.cpu_shim import megatron_cpu_shim
-from rlkit.train.megatron.spec import build_gpt_model, qwen3_layer_spec, transformer_config
-from rlkit.train.megatron.trainer import MegatronTrainConfig, MegatronTrainer, TrainBatch
+import warnings
+
+# megatron-core announces at import that Transformer Engine and Apex are absent; rlkit uses neither
+# (every op is rlkit's), so those notices are silenced for this import only.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=r".*(Transformer Engine|Apex).*not installed.*",
+                            category=UserWarning)
+    from rlkit.train.megatron.convert import hf_to_megatron, megatron_to_hf, shard_tp, unshard_tp
+    from rlkit.train.megatron.cpu_shim import megatron_cpu_shim
+    from rlkit.train.megatron.spec import build_gpt_model, qwen3_layer_spec, transformer_config
+    from rlkit.train.megatron.trainer import MegatronTrainConfig, MegatronTrainer, TrainBatch
 
 __all__ = ["MegatronTrainer", "MegatronTrainConfig", "TrainBatch", "build_gpt_model", "qwen3_layer_spec",
            "transformer_config", "hf_to_megatron", "megatron_to_hf", "shard_tp", "unshard_tp",

@@ -85,6 +85,16 @@ class MegatronTrainConfig:
     max_batch_tokens: int = 4096
     """Tokens per packed forward (longest-first greedy packing, rlkit.train.recompute.pack_order)."""
 
+    @classmethod
+    def from_optim(cls, optim, tp: int = 1, pp: int = 1) -> "MegatronTrainConfig":
+        """From the embedded trainer's OptimConfig (rlkit.train.trainer), so `--trainer megatron` runs
+        with the same optimizer settings. A KL term to a reference model is not wired here."""
+        if getattr(optim, "kl_coef", 0.0):
+            raise NotImplementedError("MegatronTrainer has no reference model: kl_coef must be 0")
+        return cls(tp=tp, pp=pp, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay,
+                   grad_clip=optim.grad_clip, clip_low=optim.clip_low, clip_high=optim.clip_high,
+                   max_batch_tokens=optim.max_batch_tokens)
+
 
 @dataclass
 class TrainBatch:
@@ -418,10 +428,13 @@ class MegatronTrainer:
 
     # -- checkpoints: each rank saves its own shard; a resumed run continues bit for bit -----------------
     def _rank_path(self, path) -> str:
+        if self.config.tp == self.config.pp == 1:
+            return str(path)
         return f"{path}.tp{self.tp_rank}.pp{self.pp_rank}"
 
     def save(self, path) -> None:
-        """Write this rank's parameters, fp32 masters and AdamW state to `<path>.tp<r>.pp<s>`."""
+        """Write this rank's parameters, fp32 masters and AdamW state to `path` (one rank) or
+        `<path>.tp<r>.pp<s>` (each rank its own file)."""
         self._ensure_optimizer()
         torch.save({"params": {k: v.cpu() for k, v in self.megatron_state().items()},
                     "masters": [m.detach().cpu() for m in self._master],

@@ -1,0 +1,5 @@
+import sys
+
+from rlkit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,120 @@
+"""`rlkit ...`: one thin command layer over the library.
+
+    rlkit parity --preset tiny --path strict --json
+    rlkit run --preset tiny --task arith --steps 50 --path strict --run-dir runs/a
+    rlkit report runs/a [--json]
+    rlkit dashboard runs/a runs/b
+    rlkit lab
+    rlkit bench kernels
+
+Bad arguments and unusable inputs end with one clear line on stderr and exit code 2 (never a traceback);
+`--debug` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for: printed as one line, exit code 2."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _add_parity(sub) -> None:
+    from rlkit.model.config import PRESETS
+
+    p = sub.add_parser("parity", help="run the parity chain and the trainer-vs-decode comparison")
+    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    p.add_argument("--path", default="strict", choices=["strict", "native"])
+    p.add_argument("--ops", default="", help="per-op overrides, e.g. attention=native,linear=strict")
+    p.add_argument("--rollout", default="embedded", choices=["embedded", "vllm"])
+    p.add_argument("--prompts", type=_positive_int, default=16)
+    p.add_argument("--max-tokens", type=_positive_int, default=128)
+    p.add_argument("--temperature", type=_float, default=1.0)
+    p.add_argument("--top-k", type=_nonneg_int, default=0)
+    p.add_argument("--top-p", type=_float, default=1.0)
+    p.add_argument("--seed", type=_nonneg_int, default=0)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(func=_cmd_parity)
+
+
+def _cmd_parity(args) -> int:
+    from rlkit.parity import report_json, run_parity, settings_from_args
+
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    report = run_parity(settings)
+    print(report_json(report) if args.json else report.table())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlkit", description="bitwise train-rollout consistency lab")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_parity(sub)
+    for add in _EXTRA_COMMANDS:
+        add(sub)
+    return parser
+
+
+# Commands defined in other modules register here (kept in one list so --help shows them all).
+_EXTRA_COMMANDS: list = []
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("rlkit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI's contract: one clear line
+        if args.debug:
+            raise
+        from rlkit.contract import ContractError
+
+        known = (UsageError, ContractError, FileNotFoundError, ValueError, RuntimeError)
+        kind = "" if isinstance(exc, known) else f"{type(exc).__name__}: "
+        print(f"rlkit {args.command}: error: {kind}{exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

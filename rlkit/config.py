@@ -1,0 +1,123 @@
+"""RunConfig: everything an RL run needs, as one frozen dataclass; presets are named functions.
+
+    cfg = lab_default(path="native")          # the lab's default: tiny model, arithmetic, 50 steps
+    cfg = RunConfig(preset="qwen3-0.6b", task="dapo", device="cuda", ...)
+
+The config is stored in the run's store at creation; `rlkit run --resume DIR` rebuilds it from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from rlkit.contract import OPS, NumericsContract
+from rlkit.kernels.logprob import SamplingParams
+from rlkit.rollout.engine import EngineConfig
+from rlkit.train.trainer import OptimConfig
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    preset: str = "tiny"
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    task: str = "arith"
+    """arith | gsm8k | dapo"""
+    steps: int = 50
+    path: str = "strict"
+    """The path of every op at the start (before `ops`)."""
+    ops: dict = field(default_factory=dict)
+    """Per-op overrides, e.g. {"attention": "native"}."""
+    seed: int = 0
+    prompts_per_step: int = 8
+    samples_per_prompt: int = 8
+    max_tokens: int = 0
+    """0: the task's default."""
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    staleness: int = 0
+    """A record may enter the update of a version at most this many versions newer than its own."""
+    warm_start_steps: int = 0
+    """Supervised steps on the arithmetic task before step 0 (tiny models need a start to learn)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    runner: str = "local"
+    """local | ray"""
+    engines: int = 1
+    locate_every: int = 5
+    """On steps with mismatches, run the first-divergence locator every this many steps (0: never)."""
+    locate_records: int = 4
+    threads: int = 0
+    """torch threads for the trainer and the engines (0: leave torch's default). Runs compared bit for
+    bit across runners must use the same value."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.path not in ("strict", "native"):
+            problems.append(f"path={self.path!r} (strict | native)")
+        for op, path in self.ops.items():
+            if op not in OPS or path not in ("strict", "native"):
+                problems.append(f"ops {op}={path}")
+        if self.task not in ("arith", "gsm8k", "dapo"):
+            problems.append(f"task={self.task!r} (arith | gsm8k | dapo)")
+        if self.runner not in ("local", "ray"):
+            problems.append(f"runner={self.runner!r} (local | ray)")
+        if self.dtype not in ("bfloat16", "float32"):
+            problems.append(f"dtype={self.dtype!r} (bfloat16 | float32)")
+        for name in ("steps", "prompts_per_step", "samples_per_prompt", "engines"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1")
+        for name in ("max_tokens", "staleness", "warm_start_steps", "locate_every", "threads", "seed"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0")
+        if problems:
+            raise ValueError("invalid run config: " + "; ".join(problems))
+        self.sampling_params  # validates temperature / top_k / top_p
+
+    @property
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+    def contract(self) -> NumericsContract:
+        base = NumericsContract.default() if self.path == "strict" else NumericsContract.native()
+        return base.with_ops(**self.ops) if self.ops else base
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunConfig":
+        data = dict(data)
+        optim = data.pop("optim", {})
+        engine = data.pop("engine", {})
+        if "betas" in optim:
+            optim["betas"] = tuple(optim["betas"])
+        return cls(**data, optim=OptimConfig(**optim), engine=EngineConfig(**engine))
+
+    def replace(self, **kw) -> "RunConfig":
+        return dataclasses.replace(self, **kw)
+
+
+def lab_default(**overrides) -> RunConfig:
+    """The lab's default run: the tiny Qwen3 learning single-digit addition on the CPU in minutes.
+    A brief supervised warm start gives it a reward above zero; RL then raises it."""
+    cfg = RunConfig(preset="tiny", task="arith", steps=50, prompts_per_step=8, samples_per_prompt=8,
+                    max_tokens=4, warm_start_steps=40, optim=OptimConfig(lr=2e-4),
+                    engine=EngineConfig(max_num_seqs=64, max_batch_tokens=2048, num_pages=512))
+    return cfg.replace(**overrides)
+
+
+def validation_0_6b(**overrides) -> RunConfig:
+    """The H200 validation run: qwen3-0.6b shape (random init), DAPO-Math-17k, 8 samples per prompt,
+    512-token responses, seed 1234 (lab/validate_h200.py)."""
+    cfg = RunConfig(preset="qwen3-0.6b", dtype="bfloat16", device="cuda", task="dapo", steps=200, seed=1234,
+                    prompts_per_step=8, samples_per_prompt=8, max_tokens=512, locate_every=0,
+                    engine=EngineConfig(page_size=16, num_pages=8192, max_num_seqs=64, max_batch_tokens=8192,
+                                        max_model_len=1024),
+                    optim=OptimConfig(lr=1e-6, max_batch_tokens=16384))
+    return cfg.replace(**overrides)
+
+
+PRESETS = {"lab": lab_default, "validation-0.6b": validation_0_6b}

@@ -1,0 +1,45 @@
+"""Reward functions: DAPO's "Answer: N" last line, GSM8K's "#### N", and the arithmetic task's answer.
+
+Each returns 1.0 for a correct final answer and 0.0 otherwise (no partial credit: the reward is the
+task's own criterion, so reward curves compare across runs).
+"""
+
+from __future__ import annotations
+
+import re
+
+_NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
+
+
+def _normalize(num: str) -> str:
+    num = num.replace(",", "").strip()
+    if re.fullmatch(r"-?\d+\.0+", num):
+        num = num.split(".")[0]
+    return num.lstrip("+")
+
+
+def dapo_reward(response: str, answer: str) -> float:
+    """DAPO: the last non-empty line must be `Answer: N` with N equal to the ground truth."""
+    lines = [ln.strip() for ln in response.strip().splitlines() if ln.strip()]
+    if not lines:
+        return 0.0
+    m = re.fullmatch(rf"Answer:\s*\$?({_NUMBER})\$?\.?", lines[-1])
+    return float(bool(m) and _normalize(m.group(1)) == _normalize(answer))
+
+
+def gsm8k_reward(response: str, answer: str) -> float:
+    """GSM8K: the number after the last `####`."""
+    parts = response.split("####")
+    if len(parts) < 2:
+        return 0.0
+    m = re.search(_NUMBER, parts[-1])
+    return float(bool(m) and _normalize(m.group(0)) == _normalize(answer))
+
+
+def arith_reward(response: str, answer: str) -> float:
+    """Arithmetic task: the response's first number equals the answer."""
+    m = re.search(_NUMBER, response)
+    return float(bool(m) and _normalize(m.group(0)) == _normalize(answer))
+
+
+REWARDS = {"dapo": dapo_reward, "gsm8k": gsm8k_reward, "arith": arith_reward}

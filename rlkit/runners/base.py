@@ -1,0 +1,93 @@
+"""What the RL loop asks of a runner, and what every runner shares.
+
+A runner owns one trainer and K rollout engines and moves weights between them. The loop never cares
+where they live: in this process (LocalRunner) or in Ray actors (RayRunner). Requests are assigned to
+engines by prompt group (every sample of a prompt goes to the same engine, groups round-robin), so the
+assignment — and with it every engine's batches — is the same under both runners.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Protocol, Sequence
+
+import torch
+
+from rlkit.config import RunConfig
+from rlkit.contract import NumericsContract
+from rlkit.model import Qwen3ForCausalLM, build_model, preset
+from rlkit.rollout.types import GenerationRequest, GenerationResult
+from rlkit.timeline.records import SyncEvent
+from rlkit.train.trainer import TrainBatch
+
+
+class SyncError(RuntimeError):
+    """An engine acknowledged another checksum than the one published: the step is not valid."""
+
+
+class Runner(Protocol):
+    engine_ids: list[str]
+
+    def generate(self, requests: Sequence[GenerationRequest], step: int) -> list[GenerationResult]: ...
+
+    def train_step(self, batch: TrainBatch) -> tuple[list[torch.Tensor], dict]: ...
+
+    def publish(self, version: int) -> str: ...
+
+    def sync(self, version: int, checksum: str) -> list[SyncEvent]: ...
+
+    def take_resyncs(self) -> list[SyncEvent]: ...
+
+    def set_contract(self, contract: NumericsContract) -> None: ...
+
+    def locate(self, seqs, plens, ids) -> dict | None: ...
+
+    def save(self, path) -> None: ...
+
+    def load(self, path, version: int) -> list[SyncEvent]: ...
+
+    def close(self) -> None: ...
+
+
+def engine_of(request_index: int, samples_per_prompt: int, engines: int) -> int:
+    """Prompt groups round-robin over engines."""
+    return (request_index // samples_per_prompt) % engines
+
+
+def split_requests(requests: Sequence[GenerationRequest], cfg: RunConfig) -> list[list[GenerationRequest]]:
+    parts: list[list[GenerationRequest]] = [[] for _ in range(cfg.engines)]
+    for i, r in enumerate(requests):
+        parts[engine_of(i, cfg.samples_per_prompt, cfg.engines)].append(r)
+    return parts
+
+
+def initial_model(cfg: RunConfig, progress: bool = False) -> Qwen3ForCausalLM:
+    """The seeded model the run starts from (after the warm start, when the config asks for one)."""
+    model_cfg = preset(cfg.preset).with_dtype(cfg.dtype)
+    model = build_model(model_cfg, seed=cfg.seed, device=cfg.device)
+    if cfg.warm_start_steps:
+        from rlkit.data.arith import warm_start
+
+        warm_start(model, cfg.warm_start_steps, seed=cfg.seed, progress=progress)
+    return model
+
+
+def engine_copy(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
+    clone = copy.deepcopy(model)
+    for p in clone.parameters():
+        p.requires_grad_(False)
+    return clone
+
+
+def sync_event(engine_id: str, version: int, sent: str, acked: str, started: float) -> SyncEvent:
+    return SyncEvent(engine_id=engine_id, version=version, checksum_sent=sent, checksum_acknowledged=acked,
+                     started_at=started, finished_at=time.time())
+
+
+def check_acks(events: list[SyncEvent]) -> None:
+    bad = [e for e in events if not e.ok]
+    if bad:
+        e = bad[0]
+        raise SyncError(f"engine {e.engine_id} acknowledged checksum {e.checksum_acknowledged} for version "
+                        f"{e.version}, the trainer published {e.checksum_sent}")

@@ -1,0 +1,75 @@
+"""LocalRunner: the trainer and K embedded engines in this process (the embedded default)."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from rlkit.config import RunConfig
+from rlkit.contract import NumericsContract
+from rlkit.model.qwen3 import Qwen3ForCausalLM
+from rlkit.rollout.engine import EmbeddedEngine
+from rlkit.rollout.types import GenerationRequest, GenerationResult
+from rlkit.runners.base import engine_copy, split_requests, sync_event
+from rlkit.timeline.records import SyncEvent
+from rlkit.train.trainer import EmbeddedTrainer, TrainBatch
+
+
+class LocalRunner:
+    def __init__(self, cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract):
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.cfg = cfg
+        self.trainer = EmbeddedTrainer(model, contract, cfg.optim)
+        self.engines = [EmbeddedEngine(engine_copy(model), contract, cfg.engine, engine_id=f"engine-{i}")
+                        for i in range(cfg.engines)]
+        self.engine_ids = [e.engine_id for e in self.engines]
+        self._published: dict[str, torch.Tensor] | None = None
+
+    def generate(self, requests: Sequence[GenerationRequest], step: int) -> list[GenerationResult]:
+        out: list[GenerationResult] = []
+        for engine, part in zip(self.engines, split_requests(requests, self.cfg)):
+            out.extend(engine.generate(part))
+        order = {r.request_id: i for i, r in enumerate(requests)}
+        return sorted(out, key=lambda r: order[r.request_id])
+
+    def train_step(self, batch: TrainBatch):
+        return self.trainer.train_step(batch)
+
+    def publish(self, version: int) -> str:
+        self._published = self.trainer.state_dict()
+        return self.trainer.checksum()
+
+    def sync(self, version: int, checksum: str) -> list[SyncEvent]:
+        events = []
+        for engine in self.engines:
+            started = time.time()
+            acked = engine.load_weights(self._published, version)
+            events.append(sync_event(engine.engine_id, version, checksum, acked, started))
+        return events
+
+    def take_resyncs(self) -> list[SyncEvent]:
+        return []  # in-process engines never restart
+
+    def set_contract(self, contract: NumericsContract) -> None:
+        self.trainer.set_contract(contract)
+        for engine in self.engines:
+            engine.set_contract(contract)
+
+    def locate(self, seqs, plens, ids) -> dict | None:
+        from rlkit.parity import locate_first_divergence
+
+        engine = self.engines[0]
+        return locate_first_divergence(engine.model, engine.contract, engine, seqs, plens, ids)
+
+    def save(self, path) -> None:
+        self.trainer.save(path)
+
+    def load(self, path, version: int) -> list[SyncEvent]:
+        self.trainer.load(path)
+        return self.sync(version, self.publish(version))
+
+    def close(self) -> None:
+        pass
