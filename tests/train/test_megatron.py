@@ -92,6 +92,15 @@ def _rank(rank, world, tp, pp, jobs, train_job):
             params = [SamplingParams(**SAMPLING)] * len(job["sequences"])
             out["logprobs"][(dtype, "processed")] = torch.cat(
                 tr.response_logprobs(job["sequences"], job["prompt_lens"], params))
+    if tp == pp == 1:  # the unpacked (sbhd, no PackedSeqParams) layout gives the packed logits
+        from rlkit import ops
+
+        model = trainers["bfloat16"].model
+        seq = torch.tensor(jobs[("bfloat16", "strict")]["sequences"][0])
+        with ops.use_contract(STRICT), torch.no_grad():
+            unpacked = model(seq[None], torch.arange(seq.numel())[None], None)[0]
+            packed, _ = trainers["bfloat16"]._forward_pack([seq])
+        out["sbhd_vs_thd"] = (unpacked, packed)
     if tp == pp == 1:  # stock Megatron layers on the same weights and tokens (negative control)
         from rlkit.train.megatron.stock import stock_response_logprobs
 
@@ -204,6 +213,11 @@ def test_native_bf16_tp1_happens_to_agree(tp1, rollouts):
                      torch.cat(rollouts[("bfloat16", "native")].raw), "native bf16 TP1 vs decode")
     print(report)
     assert report.differing == 0, report
+
+
+def test_unpacked_layout_equals_packed(tp1):
+    unpacked, packed = tp1[0]["sbhd_vs_thd"]
+    assert_bitwise_equal(unpacked, packed, "GPTModel logits: sbhd batch of one vs thd pack of one")
 
 
 def test_stock_megatron_mismatches(tp1, rollouts):

@@ -185,7 +185,8 @@ class StrictCoreAttention(MegatronModule):
     order is Qwen3's: norm, rope, attention.
 
     Packed (`thd`): q [T, heads, D], cu_seqlens from PackedSeqParams, positions restart at 0 per
-    sequence. Unpacked (`sbhd`): q [S, B, heads, D] is treated as B sequences of S tokens."""
+    sequence. Unpacked (`sbhd`): q [S, B, heads, D] is treated as B whole sequences of S tokens, causal,
+    so `attention_mask` is not read (no padding: pack sequences of different lengths instead)."""
 
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
                  attention_type: str, cp_comm_type=None, softmax_scale=None, pg_collection=None,
