@@ -16,6 +16,7 @@ Run: `.venv/bin/python -m pytest -q -m "megatron and not slow" tests/train/test_
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -265,16 +266,20 @@ def test_checkpoint_resume_is_bit_exact(tp1):
 
 
 # -- weight conversion -----------------------------------------------------------------------------------
-def _hf_with_signed_zero():
+def _hf_with_signed_zero(tied: bool = True):
     cfg = preset("tiny")
+    if not tied:  # the larger Qwen3s (4B, 8B) keep a separate lm_head
+        cfg = dataclasses.replace(cfg, tie_word_embeddings=False)
     hf = build_model(cfg, seed=3).state_dict()
     hf["model.layers.1.self_attn.k_proj.weight"][5, 7] = -0.0  # sign bits must survive every move
     return cfg, hf
 
 
-def test_convert_round_trip_is_bit_exact():
-    cfg, hf = _hf_with_signed_zero()
+@pytest.mark.parametrize("tied", [True, False])
+def test_convert_round_trip_is_bit_exact(tied):
+    cfg, hf = _hf_with_signed_zero(tied)
     meg = convert.hf_to_megatron(hf, cfg)
+    assert ("output_layer.weight" in meg) is not tied
     back = convert.megatron_to_hf(meg, cfg)
     assert set(back) == set(hf)
     for name in hf:
@@ -297,9 +302,10 @@ def test_convert_fused_layouts():
     assert_bitwise_equal(fc1[cfg.intermediate_size :], hf["model.layers.0.mlp.up_proj.weight"], "fc1 up half")
 
 
+@pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_tp_shards_reassemble(tp):
-    cfg, hf = _hf_with_signed_zero()
+def test_tp_shards_reassemble(tp, tied):
+    cfg, hf = _hf_with_signed_zero(tied)
     meg = convert.hf_to_megatron(hf, cfg)
     shards = [convert.shard_tp(meg, cfg, tp, r) for r in range(tp)]
     whole = convert.unshard_tp(shards, cfg)
