@@ -23,6 +23,13 @@ class UsageError(Exception):
     """A problem with what the user asked for: printed as one line, exit code 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr (and `--help` still prints the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -66,6 +73,9 @@ def _add_parity(sub) -> None:
     p.add_argument("--seed", type=_nonneg_int, default=0)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--threads", type=_nonneg_int, default=1,
+                   help="torch threads (default 1: the strict CPU references run many small ops, which "
+                        "extra threads slow down; 0 leaves torch's default)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=_cmd_parity)
 
@@ -77,23 +87,32 @@ def _cmd_parity(args) -> int:
         settings = settings_from_args(args)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     report = run_parity(settings)
     print(report_json(report) if args.json else report.table())
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlkit", description="bitwise train-rollout consistency lab")
+    parser = _Parser(prog="rlkit", description="bitwise train-rollout consistency lab")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_parity(sub)
-    for add in _EXTRA_COMMANDS:
-        add(sub)
+    from rlkit import commands
+
+    commands.add_run(sub)
+    commands.add_report(sub)
+    commands.add_bench(sub)
+    try:  # the lab's commands (dashboard, lab) live with the dashboard
+        from rlkit.dashboards.commands import add_commands
+    except ImportError:
+        add_commands = None
+    if add_commands is not None:
+        add_commands(sub)
     return parser
-
-
-# Commands defined in other modules register here (kept in one list so --help shows them all).
-_EXTRA_COMMANDS: list = []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         from rlkit.contract import ContractError
 
-        known = (UsageError, ContractError, FileNotFoundError, ValueError, RuntimeError)
+        from rlkit.timeline.store import StoreError
+
+        known = (UsageError, ContractError, FileNotFoundError, ValueError, RuntimeError, StoreError)
         kind = "" if isinstance(exc, known) else f"{type(exc).__name__}: "
         print(f"rlkit {args.command}: error: {kind}{exc}", file=sys.stderr)
         return 2

@@ -99,7 +99,9 @@ class RayRunner:
         trainer_cls = ray.remote(num_cpus=num_cpus_per_actor, num_gpus=gpus)(_TrainerActor)
         rollout_cls = ray.remote(num_cpus=num_cpus_per_actor, num_gpus=gpus, max_restarts=3,
                                  max_task_retries=0)(_RolloutActor)
-        model_ref = ray.put(model)
+        # Kept referenced for the runner's lifetime: Ray restarts a dead actor from its constructor
+        # arguments, which must still be in the object store then.
+        self._model_ref = model_ref = ray.put(model)
         self.trainer = trainer_cls.remote(cfg, model_ref, contract)
         self.engine_ids = [f"engine-{i}" for i in range(cfg.engines)]
         self.engines = [rollout_cls.remote(cfg, model_ref, contract, eid) for eid in self.engine_ids]
@@ -112,6 +114,20 @@ class RayRunner:
 
     def _get(self, refs):
         return _ray().get(refs)
+
+    @staticmethod
+    def _actor_down_errors():
+        ex = _ray().exceptions
+        return (ex.RayActorError, ex.ActorUnavailableError)
+
+    def _call_restarting(self, make_ref, attempts: int = 120):
+        """ray.get(make_ref()), retried while the actor is being restarted (it refuses calls then)."""
+        for attempt in range(attempts):
+            try:
+                return self._get(make_ref())
+            except _ray().exceptions.ActorUnavailableError:
+                time.sleep(0.5)
+        raise RuntimeError("a rollout actor did not come back after a restart")
 
     def generate(self, requests: Sequence[GenerationRequest], step: int) -> list[GenerationResult]:
         ray = _ray()
@@ -126,7 +142,7 @@ class RayRunner:
                 try:
                     for r in ray.get(ref):
                         results.setdefault(r.request_id, r)
-                except ray.exceptions.RayActorError:
+                except self._actor_down_errors():
                     failed.append(i)
             if not failed:
                 break
@@ -142,12 +158,10 @@ class RayRunner:
     def _resync(self, i: int) -> None:
         """A restarted actor holds its construction weights: load the current version again."""
         started = time.time()
-        if self._weights_ref is not None:
-            acked = self._get(self.engines[i].load_weights.remote(self._weights_ref, self._version))
-        else:
-            acked = self._checksum or "initial"
-        self._get(self.engines[i].set_contract.remote(self.contract))
-        self.resyncs.append(sync_event(self.engine_ids[i], self._version, self._checksum or acked, acked, started))
+        engine = self.engines[i]
+        acked = self._call_restarting(lambda: engine.load_weights.remote(self._weights_ref, self._version))
+        self._call_restarting(lambda: engine.set_contract.remote(self.contract))
+        self.resyncs.append(sync_event(self.engine_ids[i], self._version, self._checksum, acked, started))
 
     def train_step(self, batch: TrainBatch):
         return self._get(self.trainer.train_step.remote(batch))
