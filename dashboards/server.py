@@ -1,0 +1,185 @@
+"""Serving the dashboard: `rlkit dashboard RUN_DIR [RUN_DIR ...]` and `rlkit lab` call `serve()`.
+
+Each browser session gets its own `DashboardState` (its own read-only store connections) and a periodic
+callback that polls the runs. Loopback by default; another address needs a token (dashboards/access.py):
+a session opened without `?token=` shows only a refusal, and its toggle requests are refused too.
+
+Two small JSON endpoints beside the page, for scripts and tests (token in the `X-Rlkit-Token` header when
+one is set; a toggle must be POSTed as application/json from the page's own origin or from no browser):
+
+    GET  /api/status                          -> {"runs": [{"label", "steps", "paths", "pending", ...}]}
+    POST /api/toggle {"run", "op", "path"}    -> {"request_id": 3}   (403 without the token)
+
+    python -m rlkit.dashboards.server runs/a runs/b --port 5006      # the same as `rlkit dashboard`
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import panel as pn
+from tornado.ioloop import PeriodicCallback
+from tornado.web import RequestHandler
+
+from rlkit.timeline.store import RunStore, StoreError
+
+from .access import DEFAULT_PORT, TOKEN_HEADER, TOKEN_PARAM, AccessError, check_serve_policy, is_loopback, session_token, \
+    token_matches
+from .state import DashboardState, initial_paths, request_toggle_in, run_labels
+from .views import EXTENSIONS, Dashboard
+
+REFUSED_TITLE = "Refused: this rlkit dashboard needs its token"
+
+
+def url(address: str, port: int, token: str | None) -> str:
+    host = "localhost" if address in ("127.0.0.1", "localhost") else address
+    if host in ("0.0.0.0", "::"):
+        import socket
+
+        host = socket.gethostname()
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{port}/" + (f"?{TOKEN_PARAM}={token}" if token else "")
+
+
+def make_app(run_dirs, token: str | None = None, period_ms: int = 1000):
+    """The function Panel calls for each new session: the dashboard, or a refusal without the token."""
+    run_dirs = [str(d) for d in run_dirs]
+
+    def app():
+        pn.extension(*EXTENSIONS)
+        presented = session_token(pn.state.session_args) if pn.state.curdoc else None
+        if not token_matches(token, presented):
+            how = "without a token" if not presented else "with a wrong token"
+            return pn.pane.Markdown(
+                f"# {REFUSED_TITLE}\nThe page was opened {how}. The dashboard was started with `--token`: open "
+                f"it as `/?{TOKEN_PARAM}=<token>`. Nothing of the runs is shown and no toggle is accepted.")
+        state = DashboardState.from_run_dirs(run_dirs, required_token=token, session_token=presented)
+        dash = Dashboard(state)
+        dash.follow(period_ms)
+        pn.state.on_session_destroyed(lambda _ctx: (dash.stop(), state.close()))
+        return dash
+
+    return app
+
+
+class _ApiHandler(RequestHandler):
+    def initialize(self, runs: dict[str, Path], token: str | None):
+        self.runs, self.token = runs, token
+
+    def _reply(self, status: int, body: dict) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(body))
+
+    def _allowed(self) -> bool:
+        presented = self.request.headers.get(TOKEN_HEADER)
+        if not token_matches(self.token, presented):
+            how = "without a token" if not presented else "with a wrong token"
+            self._reply(403, {"error": f"refused: this dashboard was started with --token and the request came "
+                                       f"{how}; send it in the {TOKEN_HEADER} header"})
+            return False
+        return True
+
+
+class StatusHandler(_ApiHandler):
+    def get(self):
+        if not self._allowed():
+            return
+        out = []
+        for label, path in self.runs.items():
+            entry = {"label": label, "run_dir": str(path), "exists": (path / "run.sqlite").is_file()}
+            if entry["exists"]:
+                store = RunStore.open(path, readonly=True)
+                try:
+                    steps = store.steps()
+                    cfg = store.config()
+                    entry.update(steps=len(steps), planned_steps=cfg.get("steps"),
+                                 paths=steps[-1].ops_paths if steps else initial_paths(cfg),
+                                 pending=[r.to_dict() for r in store.pending_toggles()],
+                                 toggles=[t.to_dict() for t in store.toggles()])
+                finally:
+                    store.close()
+            out.append(entry)
+        self._reply(200, {"runs": out})
+
+
+class ToggleHandler(_ApiHandler):
+    def post(self):
+        if not self._allowed():
+            return
+        # A form or text/plain POST from another site needs no CORS preflight; JSON does, and a page of
+        # another origin is refused outright.
+        if not self.request.headers.get("Content-Type", "").startswith("application/json"):
+            return self._reply(415, {"error": "send the toggle as application/json: {\"run\", \"op\", \"path\"}"})
+        origin = self.request.headers.get("Origin")
+        if origin and urlsplit(origin).netloc != self.request.host:
+            return self._reply(403, {"error": f"refused: cross-origin request from {origin}"})
+        try:
+            body = json.loads(self.request.body or b"{}")
+            label, op, path = body["run"], body["op"], body["path"]
+        except (ValueError, KeyError, TypeError):
+            return self._reply(400, {"error": "expected JSON {\"run\": LABEL, \"op\": OP, \"path\": strict|native}"})
+        if label not in self.runs:
+            return self._reply(404, {"error": f"no run {label!r}; runs: {', '.join(self.runs)}"})
+        try:
+            request_id = request_toggle_in(self.runs[label], op, path, str(body.get("source", "api")))
+        except StoreError as e:
+            return self._reply(400, {"error": str(e)})
+        self._reply(200, {"request_id": request_id, "run": label, "op": op, "path": path})
+
+
+def serve(run_dirs, port: int = DEFAULT_PORT, address: str = "127.0.0.1", token: str | None = None,
+          period_ms: int = 1000, on_start=None, on_tick=None) -> None:
+    """Serve the dashboard of `run_dirs` until Ctrl-C or SIGTERM (or until `on_tick()`, called every second,
+    returns True). `on_start(url)` runs once the port is bound. Raises AccessError for a non-loopback
+    address without a token, OSError when the port is taken."""
+    check_serve_policy(address, token)
+    runs = run_labels(run_dirs)
+    api = dict(runs=runs, token=token)
+    # The page's websocket: any origin when a token guards the sessions, else only this machine's names.
+    origins = ["*"] if not is_loopback(address) else [f"localhost:{port}", f"127.0.0.1:{port}"]
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # before Panel's
+    server = pn.serve({"/": make_app(list(runs.values()), token, period_ms)}, port=port, address=address,
+                      websocket_origin=origins, show=False, start=False, title="rlkit dashboard",
+                      extra_patterns=[(r"/api/status", StatusHandler, api), (r"/api/toggle", ToggleHandler, api)],
+                      verbose=False, location=False)
+    loop = server.io_loop
+
+    def stop(*_args) -> None:
+        loop.asyncio_loop.call_soon_threadsafe(loop.stop)
+
+    for sig in previous:
+        signal.signal(sig, stop)
+    ticker = None
+    if on_tick is not None:
+        ticker = PeriodicCallback(lambda: on_tick() and stop(), 1000)
+        ticker.start()
+    server.start()
+    try:
+        if on_start is not None:
+            on_start(url(address, port, token))
+        loop.start()
+    finally:
+        if ticker is not None:
+            ticker.stop()
+        server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def main(argv=None) -> int:
+    from rlkit.cli import main as cli_main
+
+    return cli_main(["dashboard", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["serve", "make_app", "url", "AccessError", "DEFAULT_PORT"]
