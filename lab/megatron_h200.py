@@ -29,8 +29,14 @@ import argparse
 import dataclasses
 import sys
 import time
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.gpu.bootstrap import ensure_rlkit_kernels  # noqa: E402  (rlkit is not installed on the H200)
+
+ensure_rlkit_kernels()
+
+import torch  # noqa: E402
 
 from rlkit import NumericsContract, ops
 from rlkit.bitwise import compare

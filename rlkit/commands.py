@@ -20,6 +20,7 @@ def add_run(sub) -> None:
     p.add_argument("--path", default="strict", choices=["strict", "native"])
     p.add_argument("--ops", default="", help="per-op overrides, e.g. attention=native")
     p.add_argument("--runner", default="local", choices=["local", "ray"])
+    p.add_argument("--trainer", default="embedded", choices=["embedded", "megatron"])
     p.add_argument("--engines", type=_positive_int, default=1)
     p.add_argument("--run-dir", help="a new (empty) directory for the run store")
     p.add_argument("--resume", metavar="DIR", help="continue a killed or stopped run from its last complete step")
@@ -44,7 +45,7 @@ def run_config_from_args(args):
     ops = NumericsContract.parse_ops(args.ops) if args.ops else {}
     base = lab_default() if args.task == "arith" and args.preset == "tiny" else RunConfig()
     overrides = dict(preset=args.preset, task=args.task, steps=args.steps, path=args.path, ops=ops,
-                     runner=args.runner, engines=args.engines, seed=args.seed)
+                     runner=args.runner, trainer=args.trainer, engines=args.engines, seed=args.seed)
     if args.task != "arith":
         overrides["warm_start_steps"] = 0
     for name, attr in (("prompts", "prompts_per_step"), ("samples", "samples_per_prompt"),

@@ -45,7 +45,12 @@ class RunConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     runner: str = "local"
     """local | ray"""
+    trainer: str = "embedded"
+    """embedded (rlkit's Qwen3 + AdamW) | megatron (Megatron-core GPTModel with rlkit's strict spec, TP 1)"""
     engines: int = 1
+    checkpoint_every: int = 1
+    """Save the trainer's state every this many steps (0: never; a run without checkpoints cannot
+    resume). A resumed run redoes the steps after its last checkpoint, bit for bit."""
     locate_every: int = 5
     """On steps with mismatches, run the first-divergence locator every this many steps (0: never)."""
     locate_records: int = 4
@@ -64,12 +69,15 @@ class RunConfig:
             problems.append(f"task={self.task!r} (arith | gsm8k | dapo)")
         if self.runner not in ("local", "ray"):
             problems.append(f"runner={self.runner!r} (local | ray)")
+        if self.trainer not in ("embedded", "megatron"):
+            problems.append(f"trainer={self.trainer!r} (embedded | megatron)")
         if self.dtype not in ("bfloat16", "float32"):
             problems.append(f"dtype={self.dtype!r} (bfloat16 | float32)")
         for name in ("steps", "prompts_per_step", "samples_per_prompt", "engines"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
-        for name in ("max_tokens", "staleness", "warm_start_steps", "locate_every", "threads", "seed"):
+        for name in ("max_tokens", "staleness", "warm_start_steps", "locate_every", "threads", "seed",
+                     "checkpoint_every"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if problems:
@@ -113,7 +121,7 @@ def validation_0_6b(**overrides) -> RunConfig:
     """The H200 validation run: qwen3-0.6b shape (random init), DAPO-Math-17k, 8 samples per prompt,
     512-token responses, seed 1234 (lab/validate_h200.py)."""
     cfg = RunConfig(preset="qwen3-0.6b", dtype="bfloat16", device="cuda", task="dapo", steps=200, seed=1234,
-                    prompts_per_step=8, samples_per_prompt=8, max_tokens=512, locate_every=0,
+                    prompts_per_step=8, samples_per_prompt=8, max_tokens=512, locate_every=0, checkpoint_every=0,
                     engine=EngineConfig(page_size=16, num_pages=8192, max_num_seqs=64, max_batch_tokens=8192,
                                         max_model_len=1024),
                     optim=OptimConfig(lr=1e-6, max_batch_tokens=16384))

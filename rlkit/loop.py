@@ -63,25 +63,28 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
         if cfg is None:
             raise ValueError("a new run needs a RunConfig")
         store = RunStore.create(run_dir, cfg.to_dict())
+    last, ckpt = store.last_step(), store.last_checkpoint()
+    if last is not None and ckpt is None and not cfg.checkpoint_every:
+        raise RuntimeError(f"{run_dir}: the run saved no checkpoint (checkpoint_every=0); cannot resume")
+    if last is not None and (ckpt is None or ckpt.step < last):
+        store.truncate_after(-1 if ckpt is None else ckpt.step)  # redone below, bit for bit
     contract = cfg.contract()
     for t in store.toggles():  # on resume, the toggles applied so far are part of the state
         contract = contract.with_ops(**{t.op: t.path})
     runner = make_runner(cfg, initial_model(cfg, progress), contract, **(runner_kwargs or {}))
     task, tok = get_task(cfg.task), load_tokenizer()
     try:
-        last = store.last_step()
-        if last is None:  # version 0: the initial weights, synced to every engine
-            init = _save_checkpoint(runner, run_dir, -1)
+        if ckpt is None:  # start (or restart) from the initial weights: version 0, synced to every engine
             checksum = runner.publish(0)
             syncs = runner.sync(0, checksum)
-            store.commit_initial([WeightVersion(0, -1, checksum, contract.fingerprint(), time.time())], syncs)
+            if not store.versions():
+                store.commit_initial([WeightVersion(0, -1, checksum, contract.fingerprint(), time.time())], syncs)
+            else:
+                store.commit_initial(syncs=syncs)
             start = 0
-        else:  # resume: the weights after the last complete step are version last+1
-            ckpt = store.last_checkpoint()
-            if ckpt is None or ckpt.step != last:
-                raise RuntimeError(f"{run_dir}: no checkpoint for its last complete step {last}")
-            store.commit_initial(syncs=runner.load(ckpt.path, last + 1))
-            start = last + 1
+        else:  # resume from the last checkpoint
+            store.commit_initial(syncs=runner.load(ckpt.path, ckpt.step + 1))
+            start = ckpt.step + 1
         version = start
         bar = None
         if progress:
@@ -170,7 +173,9 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
                          "step_s": time.time() - t0, "tokens": float(div.compared_tokens)},
                 first_divergence=first, valid=not bad_sync,
                 invalid_reason=f"checksum not acknowledged by {bad_sync[0].engine_id}" if bad_sync else "")
-            ckpt = _save_checkpoint(runner, run_dir, step)
+            ckpt = None
+            if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
+                ckpt = _save_checkpoint(runner, run_dir, step)
             store.commit_step(summary, records, recomputes,
                               [WeightVersion(version + 1, step, checksum, contract.fingerprint(), time.time())],
                               syncs, toggles, checkpoint=ckpt)

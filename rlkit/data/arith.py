@@ -1,6 +1,7 @@
 """A small synthetic arithmetic task that the tiny model can learn on the CPU in minutes.
 
-Problems are "a+b" with single digits (sums 0..18), drawn from a seeded generator; the user message is
+Problems are "a+b" with operands 0..4 by default (sums 0..8, one answer token), drawn from a seeded
+generator; the user message is
 "What is a+b? Reply with the number only." and the reward is 1 when the response's first number is the
 sum. `warm_start` gives the model a brief supervised start on the same distribution (only the answer
 tokens are trained, so a step costs a few lm_head rows) so its reward begins above zero and RL has
@@ -16,7 +17,7 @@ import torch
 from rlkit.data.datasets import Problem
 
 
-def arith_problems(n: int, seed: int, max_operand: int = 9) -> list[Problem]:
+def arith_problems(n: int, seed: int, max_operand: int = 4) -> list[Problem]:
     rng = random.Random(seed)
     out = []
     for i in range(n):

@@ -34,7 +34,7 @@ from rlkit.kernels.attention import AttentionLayout
 from rlkit.model.checkpoint import weights_checksum
 from rlkit.model.qwen3 import ForwardBatch, Qwen3ForCausalLM
 from rlkit.rollout.kv_cache import PagedKVCache
-from rlkit.rollout.sampling import request_generator, sample_token
+from rlkit.rollout.sampling import request_generator, sample_tokens
 from rlkit.rollout.types import GenerationRequest, GenerationResult
 
 
@@ -96,7 +96,7 @@ class EmbeddedEngine:
     def add_request(self, request: GenerationRequest) -> None:
         seq = self._new_sequence(request, list(request.prompt_ids),
                                  min(len(request.prompt_ids) + request.sampling.max_tokens, self.config.max_model_len))
-        seq.generator = request_generator(request.sampling.seed, request.request_id)
+        seq.generator = request_generator(request.sampling.seed, request.request_id, self.model.device)
         self._enqueue(seq)
 
     def _new_sequence(self, request, tokens, budget) -> _Sequence:
@@ -202,20 +202,43 @@ class EmbeddedEngine:
         if not samplers:
             return
         logits = self.model.logits(hidden[sample_rows])  # [n, vocab] fp32
+        tokens = self._choose_tokens(samplers, logits)
+        tok = torch.tensor(tokens, device=logits.device)
+        # logprobs of the chosen tokens, for all rows at once (rows are independent under the contract)
+        raw = ops.logprob_from_logits(logits, tok).tolist() if any(
+            s.result.raw_logprobs is not None for s in samplers) else None
+        processed: dict[int, float] = {}
+        for params, rows in self._by_params(samplers, lambda s: s.result.processed_logprobs is not None).items():
+            idx = torch.tensor(rows, device=logits.device)
+            processed.update(zip(rows, ops.logprob_from_logits(logits[idx], tok[idx], params).tolist()))
         for i, seq in enumerate(samplers):
-            self._emit(seq, logits[i : i + 1])
+            res = seq.result
+            if res.raw_logprobs is not None:
+                res.raw_logprobs.append(raw[i])
+            if res.processed_logprobs is not None:
+                res.processed_logprobs.append(processed[i])
+            self._append(seq, tokens[i])
 
-    def _emit(self, seq: _Sequence, logits_row: torch.Tensor) -> None:
+    @staticmethod
+    def _by_params(seqs: list[_Sequence], keep=lambda s: True) -> dict:
+        groups: dict = {}
+        for i, seq in enumerate(seqs):
+            if keep(seq):
+                groups.setdefault(seq.request.sampling.params, []).append(i)
+        return groups
+
+    def _choose_tokens(self, seqs: list[_Sequence], logits: torch.Tensor) -> list[int]:
+        """Teacher-forced tokens where replaying, else a sample per row from its own generator."""
+        tokens = [s.forced.popleft() if s.forced is not None else -1 for s in seqs]
+        for params, rows in self._by_params(seqs, lambda s: s.forced is None).items():
+            idx = torch.tensor(rows, device=logits.device)
+            picked = sample_tokens(logits[idx], params, [seqs[r].generator for r in rows])
+            for r, t in zip(rows, picked):
+                tokens[r] = t
+        return tokens
+
+    def _append(self, seq: _Sequence, token: int) -> None:
         s, res = seq.request.sampling, seq.result
-        if seq.forced is not None:
-            token = seq.forced.popleft()
-        else:
-            token = sample_token(logits_row[0], s.params, seq.generator)
-        tok = torch.tensor([token], device=logits_row.device)
-        if res.raw_logprobs is not None:
-            res.raw_logprobs.append(float(ops.logprob_from_logits(logits_row, tok)[0]))
-        if res.processed_logprobs is not None:
-            res.processed_logprobs.append(float(ops.logprob_from_logits(logits_row, tok, s.params)[0]))
         seq.tokens.append(token)
         res.token_ids.append(token)
         if seq.forced is not None:

@@ -1,9 +1,10 @@
 """Seeded per-request sampling from the processed distribution.
 
-Each request owns a torch.Generator seeded from (seed, request id); each generated token draws one
-uniform per vocabulary entry from it and picks argmax(z + Gumbel noise), z being the processed logits
-(temperature, top-k, top-p; removed entries -inf). The draw depends only on the request's own generator
-and logits, so a request samples the same tokens whatever else is in the batch.
+Each request owns a torch.Generator seeded from (seed, request id), on the engine's device; each
+generated token draws one uniform per vocabulary entry from it and picks argmax(z + Gumbel noise), z
+being the processed logits (temperature, top-k, top-p; removed entries -inf). A request's draw depends
+only on its own generator and its own logits row, so it samples the same tokens whatever else is in the
+batch. (CPU and CUDA generators produce different streams: a run is reproducible on its device type.)
 """
 
 from __future__ import annotations
@@ -15,14 +16,20 @@ import torch
 from rlkit.kernels.logprob import SamplingParams, process_logits
 
 
-def request_generator(seed: int, request_id: str) -> torch.Generator:
+def request_generator(seed: int, request_id: str, device: torch.device | str = "cpu") -> torch.Generator:
     digest = hashlib.sha256(f"{seed}:{request_id}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]) -> list[int]:
+    """logits: fp32 [rows, vocab], one generator per row (on the logits' device). One sync for all rows."""
+    z = process_logits(logits, params)
+    noise = torch.stack([torch.rand(z.shape[1], generator=g, device=z.device, dtype=torch.float64)
+                         for g in generators])
+    gumbel = -torch.log(-torch.log(noise.clamp_min(1e-300)))
+    return torch.argmax(z.double() + gumbel, dim=-1).tolist()
 
 
 def sample_token(logits_row: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """logits_row: fp32 [vocab] (any device; noise is drawn on the CPU so bits do not depend on it)."""
-    z = process_logits(logits_row.unsqueeze(0), params)[0].cpu()
-    u = torch.rand(z.shape[0], generator=generator, dtype=torch.float64)
-    gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))
-    return int(torch.argmax(z.double() + gumbel))
+    """One row (the vLLM sampler draws per request): the same draw as sample_tokens."""
+    return sample_tokens(logits_row.reshape(1, -1), params, [generator])[0]

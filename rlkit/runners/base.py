@@ -73,6 +73,19 @@ def initial_model(cfg: RunConfig, progress: bool = False) -> Qwen3ForCausalLM:
     return model
 
 
+def make_trainer(cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract):
+    """The run's trainer: rlkit's embedded trainer, or Megatron-core's GPTModel with rlkit's spec (TP 1
+    here; TP > 1 needs one process per rank, see rlkit/train/megatron)."""
+    if cfg.trainer == "megatron":
+        from rlkit.train.megatron import MegatronTrainConfig, MegatronTrainer
+
+        return MegatronTrainer(model.config, model.state_dict(), contract,
+                               MegatronTrainConfig.from_optim(cfg.optim), device=cfg.device)
+    from rlkit.train.trainer import EmbeddedTrainer
+
+    return EmbeddedTrainer(model, contract, cfg.optim)
+
+
 def engine_copy(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
     clone = copy.deepcopy(model)
     for p in clone.parameters():

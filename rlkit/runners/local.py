@@ -12,9 +12,9 @@ from rlkit.contract import NumericsContract
 from rlkit.model.qwen3 import Qwen3ForCausalLM
 from rlkit.rollout.engine import EmbeddedEngine
 from rlkit.rollout.types import GenerationRequest, GenerationResult
-from rlkit.runners.base import engine_copy, split_requests, sync_event
+from rlkit.runners.base import engine_copy, make_trainer, split_requests, sync_event
 from rlkit.timeline.records import SyncEvent
-from rlkit.train.trainer import EmbeddedTrainer, TrainBatch
+from rlkit.train.trainer import TrainBatch
 
 
 class LocalRunner:
@@ -22,9 +22,9 @@ class LocalRunner:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.cfg = cfg
-        self.trainer = EmbeddedTrainer(model, contract, cfg.optim)
         self.engines = [EmbeddedEngine(engine_copy(model), contract, cfg.engine, engine_id=f"engine-{i}")
                         for i in range(cfg.engines)]
+        self.trainer = make_trainer(cfg, model, contract)
         self.engine_ids = [e.engine_id for e in self.engines]
         self._published: dict[str, torch.Tensor] | None = None
 

@@ -37,11 +37,11 @@ def _ray():
 
 class _TrainerActor:
     def __init__(self, cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract):
-        from rlkit.train.trainer import EmbeddedTrainer
+        from rlkit.runners.base import make_trainer
 
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.trainer = EmbeddedTrainer(model, contract, cfg.optim)
+        self.trainer = make_trainer(cfg, model, contract)
 
     def train_step(self, batch: TrainBatch):
         return self.trainer.train_step(batch)

@@ -41,13 +41,26 @@ class OptimConfig:
 
 @dataclass
 class TrainBatch:
-    """One update's data: every rollout record of the step, flattened."""
+    """One update's data, per sequence; every trainer (embedded, Megatron) takes this."""
 
     sequences: list[list[int]]
     prompt_lens: list[int]
-    rollout_logprobs: list[torch.Tensor]   # [len - prompt_len] each, fp32
-    advantages: list[float]                # one per sequence (group-normalized reward)
-    params: SamplingParams | None = None   # processed semantics when sampling was not the identity
+    rollout_logprobs: list[torch.Tensor]
+    """The rollout's recorded logprobs, [len - prompt_len] fp32 each (the ratio's denominator)."""
+    advantages: list
+    """One float per sequence (GRPO's group-normalized reward), or a [len - prompt_len] tensor each."""
+    params: SamplingParams | None = None
+    """Processed semantics (temperature / top-k / top-p) when sampling was not the identity."""
+    loss_mask: list[torch.Tensor] | None = None
+    """1 where a response token counts in the loss (None: every response token)."""
+
+    def token_advantages(self, lengths: list[int]) -> torch.Tensor:
+        return torch.cat([a.float().reshape(-1) if isinstance(a, torch.Tensor)
+                          else torch.full((n,), float(a), dtype=torch.float32)
+                          for n, a in zip(lengths, self.advantages)])
+
+    def token_mask(self) -> torch.Tensor | None:
+        return None if self.loss_mask is None else torch.cat([m.bool().reshape(-1) for m in self.loss_mask])
 
 
 class EmbeddedTrainer:
@@ -82,12 +95,12 @@ class EmbeddedTrainer:
             if self.reference is not None and o.kl_coef:
                 ref_lp = torch.cat(response_logprobs(self.reference, batch.sequences, batch.prompt_lens, params,
                                                      max_batch_tokens=o.max_batch_tokens))
-        lengths = [len(t) for t in new_lp]
-        adv = torch.cat([torch.full((n,), a, dtype=torch.float32) for n, a in zip(lengths, batch.advantages)])
-        old = torch.cat([t.float() for t in batch.rollout_logprobs]).to(adv.device)
         new = torch.cat(new_lp)
-        loss, stats = policy_loss(new, old.to(new.device), adv.to(new.device), None, o.clip_low, o.clip_high,
-                                  ref_lp, o.kl_coef)
+        adv = batch.token_advantages([len(t) for t in new_lp]).to(new.device)
+        old = torch.cat([t.float() for t in batch.rollout_logprobs]).to(new.device)
+        mask = batch.token_mask()
+        loss, stats = policy_loss(new, old, adv, None if mask is None else mask.to(new.device), o.clip_low,
+                                  o.clip_high, ref_lp, o.kl_coef)
         self.model.zero_grad(set_to_none=True)
         loss.backward()
         for master, p in zip(self.masters, self.model.parameters()):

@@ -62,6 +62,7 @@ from rlkit.train.megatron import convert
 from rlkit.train.megatron.cpu_shim import megatron_cpu_shim
 from rlkit.train.megatron.spec import build_gpt_model
 from rlkit.train.recompute import pack_order
+from rlkit.train.trainer import TrainBatch  # noqa: F401 - the one batch type, re-exported
 
 # Replicated over TP, yet each rank's gradient covers only its own heads: summed over TP after backward.
 _TP_PARTIAL_GRAD = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
@@ -94,23 +95,6 @@ class MegatronTrainConfig:
         return cls(tp=tp, pp=pp, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay,
                    grad_clip=optim.grad_clip, clip_low=optim.clip_low, clip_high=optim.clip_high,
                    max_batch_tokens=optim.max_batch_tokens)
-
-
-@dataclass
-class TrainBatch:
-    """One update's data, per sequence. The field names are rlkit.train.trainer.TrainBatch's, so the
-    loop can hand either trainer the same object; per-token masks are an addition."""
-
-    sequences: list[list[int]]
-    prompt_lens: list[int]
-    rollout_logprobs: list[torch.Tensor]
-    """The rollout's recorded logprobs, [len - prompt_len] each (the importance ratio's denominator)."""
-    advantages: list
-    """One float per sequence (GRPO), or a [len - prompt_len] tensor per sequence."""
-    params: SamplingParams | None = None
-    """Processed semantics (temperature / top-k / top-p) when sampling was not the identity."""
-    loss_mask: list[torch.Tensor] | None = None
-    """1 where a response token counts in the loss (None: every response token)."""
 
 
 def _free_port() -> int:
@@ -375,7 +359,7 @@ class MegatronTrainer:
             p.grad = None
         n_seq = len(batch.sequences)
         sizes = [len(s) - p for s, p in zip(batch.sequences, batch.prompt_lens)]
-        sampling = [batch.params] * n_seq if getattr(batch, "params", None) is not None else None
+        sampling = [batch.params] * n_seq if batch.params is not None else None
         keep: list = []
         stats_vec = torch.zeros(7, dtype=torch.float32, device=self.device)
         flat = None
@@ -385,12 +369,9 @@ class MegatronTrainer:
                 new = torch.cat(lps)
                 old = torch.cat([torch.as_tensor(o, dtype=torch.float32).reshape(-1)
                                  for o in batch.rollout_logprobs]).to(self.device)
-                adv = torch.cat([torch.as_tensor(a, dtype=torch.float32).reshape(-1).expand(n)
-                                 if torch.as_tensor(a).numel() == 1 else torch.as_tensor(a, dtype=torch.float32)
-                                 for a, n in zip(batch.advantages, sizes)]).to(self.device)
-                masks = getattr(batch, "loss_mask", None)
-                mask = (torch.ones_like(new, dtype=torch.bool) if masks is None else
-                        torch.cat([torch.as_tensor(m).reshape(-1) for m in masks]).to(self.device).bool())
+                adv = batch.token_advantages(sizes).to(self.device)
+                mask = batch.token_mask()
+                mask = torch.ones_like(new, dtype=torch.bool) if mask is None else mask.to(self.device)
                 if not (new.shape == old.shape == adv.shape == mask.shape):
                     raise ValueError(f"per-token sizes differ: logprobs {tuple(new.shape)}, rollout "
                                      f"{tuple(old.shape)}, advantages {tuple(adv.shape)}, mask {tuple(mask.shape)}")
