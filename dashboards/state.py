@@ -138,7 +138,8 @@ class RunState(param.Parameterized):
         if not self.exists:
             return f"{self.label}: waiting for the run to start ({self.run_dir})"
         span = f"steps 0–{self.last_step}" if self._summaries else "no step yet"
-        mode = "finished" if self.finished else f"live, {self.n_steps} of {self.planned_steps} steps"
+        # a run that stopped early looks like a live one from the store: say only what is known
+        mode = "finished" if self.finished else f"{self.n_steps} of {self.planned_steps} steps so far"
         pending = f", {len(self.pending)} toggle request(s) pending" if len(self.pending) else ""
         return f"{self.label}: {span} ({mode}){pending}"
 

@@ -99,7 +99,7 @@ def test_charts_grow_as_steps_arrive(page, live):
     wait_for("a new step in the browser", lambda: plot_points(page, 0) > first, proc=live.run, log=live.run_log)
     grown = plot_points(page, 0)
     assert grown > first
-    page.get_by_text(re.compile(r"strict: steps 0–\d+ \(live")).first.wait_for()
+    page.get_by_text(re.compile(rf"strict: steps 0–\d+ \(\d+ of {RUN_STEPS} steps so far")).first.wait_for()
 
 
 def test_clicking_a_toggle_records_a_toggle_event_and_the_next_step_runs_the_new_path(page, live):

@@ -43,7 +43,7 @@ def test_loads_a_run_with_its_summaries_versions_syncs_and_records(fake_run):
     assert list(run.records["record_id"]) == list(want_records["record_id"])
     assert list(run.records["mismatch_count"]) == list(want_records["mismatch_count"])
     assert run.paths == {op: "strict" for op in run.paths} and len(run.paths) == 7
-    assert run.status().startswith("fake: steps 0–2 (live, 3 of 6 steps)")
+    assert run.status().startswith("fake: steps 0–2 (3 of 6 steps so far)")
     run.close()
 
 
