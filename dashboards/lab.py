@@ -74,8 +74,8 @@ class Lab:
         self.root = Path(self.root)
         for kind in KINDS:
             run_dir = self.root / kind
-            argv = [sys.executable, "-m", "rlkit", "run", "--run-dir", str(run_dir), "--path", kind,
-                    "--no-progress", *self.run_args]
+            # progress bars go to the log: `tail -f runs/lab-*/strict.log` shows the warm start
+            argv = [sys.executable, "-m", "rlkit", "run", "--run-dir", str(run_dir), "--path", kind, *self.run_args]
             self.runs.append(LabRun(kind, run_dir, self.root / f"{kind}.log", argv))
 
     @property

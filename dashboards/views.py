@@ -30,6 +30,8 @@ from .state import DashboardState, RunState
 
 EXTENSIONS = ("plotly", "tabulator")
 TOKEN_COLUMNS = ["position", "token", "token_id", "rollout_lp", "trainer_lp", "diff", "mismatch"]
+RECORD_VIEW = ["record_id", "prompt_id", "sample_index", "engine_id", "weight_version", "recompute_version",
+               "reward", "n_tokens", "mismatch_count", "max_abs_diff"]
 
 
 class ToggleControls(pn.viewable.Viewer):
@@ -92,6 +94,7 @@ class Dashboard(pn.viewable.Viewer):
     def __init__(self, state: DashboardState, **params):
         super().__init__(state=state, **params)
         self._seen_revision = -1
+        self._syncing = False
         self._callback = None
         self.step_charts = StepCharts([r.label for r in state.runs])
         self.timeline_chart = TimelineChart()
@@ -114,19 +117,26 @@ class Dashboard(pn.viewable.Viewer):
         self.tokens_table = pn.widgets.Tabulator(pd.DataFrame(columns=TOKEN_COLUMNS), disabled=True,
                                                  show_index=False, height=220, sizing_mode="stretch_width",
                                                  selectable=False)
+        self.records_table = pn.widgets.Tabulator(pd.DataFrame(columns=RECORD_VIEW), disabled=True, show_index=False,
+                                                  height=180, sizing_mode="stretch_width", selectable=False)
         self.first_div = pn.pane.Markdown(sizing_mode="stretch_width")
         self.events = pn.pane.Markdown(sizing_mode="stretch_width")
         state.param.watch(self._drill_changed, ["heatmap", "record_id", "position"])
         state.param.watch(self._tokens_changed, "tokens")
+        state.param.watch(self._records_changed, "step_records")
         state.param.watch(self._step_changed, ["step", "run"])
         state.param.watch(self._message_changed, "message")
         self.refresh(poll=False)
         self._drill_changed()
         self._tokens_changed()
+        self._records_changed()
 
     @classmethod
     def from_run_dirs(cls, run_dirs, **state_params) -> "Dashboard":
         return cls(DashboardState.from_run_dirs(run_dirs, **state_params))
+
+    def __repr__(self) -> str:  # the notebook's text/plain: one line per run, not every DataFrame
+        return "Dashboard(" + "; ".join(r.status() for r in self.state.runs) + ")"
 
     # -- following ------------------------------------------------------------------------------
     def refresh(self, poll: bool = True) -> None:
@@ -146,9 +156,11 @@ class Dashboard(pn.viewable.Viewer):
         self.status.object = "  \n".join(r.status() for r in runs)
         self.events.object = self._events_text()
         steps = [int(s) for s in self.state.current.steps["step"]]
-        self.step_select.options = steps
-        if self.state.step in steps:
-            self.step_select.value = self.state.step
+        self._syncing = True  # the widget follows the state here; only a user's choice goes back
+        try:
+            self.step_select.param.update(options=steps, value=self.state.step if self.state.step in steps else None)
+        finally:
+            self._syncing = False
 
     def follow(self, period_ms: int = 1000):
         """Poll every `period_ms` (a Panel periodic callback, in a server session or a notebook)."""
@@ -173,7 +185,7 @@ class Dashboard(pn.viewable.Viewer):
 
     # -- drill-down -----------------------------------------------------------------------------
     def _step_chosen(self, event) -> None:
-        if event.new is not None and event.new != self.state.step:
+        if not self._syncing and event.new is not None and event.new != self.state.step:
             self.state.select_step(int(event.new))
 
     def _chart_clicked(self, event) -> None:
@@ -204,6 +216,11 @@ class Dashboard(pn.viewable.Viewer):
         df = self.state.tokens
         self.tokens_table.value = df if df is not None and len(df.columns) else pd.DataFrame(columns=TOKEN_COLUMNS)
 
+    def _records_changed(self, *_events) -> None:
+        df = self.state.step_records
+        self.records_table.value = (df[RECORD_VIEW] if df is not None and len(df)
+                                    else pd.DataFrame(columns=RECORD_VIEW))
+
     def _message_changed(self, event) -> None:
         self.message.object = event.new
 
@@ -211,6 +228,9 @@ class Dashboard(pn.viewable.Viewer):
         drill = pn.Column(
             "## Step → sample → token",
             pn.Row(self.run_select, self.step_select, self.sample_select, self.follow_box),
+            pn.pane.Markdown("#### Records the step used (weight version that generated them, version the trainer "
+                             "recomputed them at)"),
+            self.records_table,
             self.heatmap_pane,
             pn.pane.Markdown("#### Tokens of the chosen sample"),
             self.tokens_table,

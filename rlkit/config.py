@@ -112,7 +112,7 @@ def lab_default(**overrides) -> RunConfig:
     """The lab's default run: the tiny Qwen3 learning single-digit addition on the CPU in minutes.
     A brief supervised warm start gives it a reward above zero; RL then raises it."""
     cfg = RunConfig(preset="tiny", task="arith", steps=50, prompts_per_step=8, samples_per_prompt=8,
-                    max_tokens=4, warm_start_steps=100, optim=OptimConfig(lr=2e-4), threads=1,
+                    max_tokens=4, warm_start_steps=100, optim=OptimConfig(lr=1e-3), threads=1,
                     engine=EngineConfig(max_num_seqs=64, max_batch_tokens=2048, num_pages=512))
     return cfg.replace(**overrides)
 

@@ -55,7 +55,7 @@ class DivergenceStats:
 def _flat(x) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x.detach().float().reshape(-1).cpu()
-    parts = [torch.as_tensor(t, dtype=torch.float32).reshape(-1) for t in x]
+    parts = [torch.as_tensor(t, dtype=torch.float32).detach().reshape(-1).cpu() for t in x]
     return torch.cat(parts) if parts else torch.zeros(0)
 
 

@@ -131,7 +131,7 @@ def dapo_prompts(n: int) -> list[tuple[str, list[int]]]:
 
 
 def _pair(a, b) -> tuple[torch.Tensor, torch.Tensor]:
-    cat = lambda xs: torch.cat([torch.as_tensor(x, dtype=torch.float32).reshape(-1) for x in xs])  # noqa: E731
+    cat = lambda xs: torch.cat([torch.as_tensor(x, dtype=torch.float32).reshape(-1).cpu() for x in xs])  # noqa: E731
     return cat(a), cat(b)
 
 

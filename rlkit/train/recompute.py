@@ -31,6 +31,17 @@ def pack_order(lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]
     return packs
 
 
+def check_batch(sequences, prompt_lens, params) -> list:
+    """Every sequence has a prompt and at least one response token; returns one params entry each."""
+    if len(sequences) != len(prompt_lens):
+        raise ValueError("sequences and prompt_lens differ in length")
+    params = list(params) if params is not None else [None] * len(sequences)
+    for i, (s, p) in enumerate(zip(sequences, prompt_lens)):
+        if not 1 <= p < len(s):
+            raise ValueError(f"sequence {i}: prompt_len {p} must be in [1, {len(s) - 1}] for {len(s)} tokens")
+    return params
+
+
 def response_logprobs(model: Qwen3ForCausalLM, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int],
                       params: Sequence[SamplingParams | None] | None = None, max_batch_tokens: int = 4096,
                       grad: bool = False) -> list[torch.Tensor]:
@@ -38,12 +49,7 @@ def response_logprobs(model: Qwen3ForCausalLM, sequences: Sequence[Sequence[int]
 
     `params[i]` selects processed semantics for sequence i (None: raw). With grad=True the result keeps
     the autograd graph (the policy-gradient loss uses it)."""
-    if len(sequences) != len(prompt_lens):
-        raise ValueError("sequences and prompt_lens differ in length")
-    params = list(params) if params is not None else [None] * len(sequences)
-    for i, (s, p) in enumerate(zip(sequences, prompt_lens)):
-        if not 1 <= p < len(s):
-            raise ValueError(f"sequence {i}: prompt_len {p} must be in [1, {len(s) - 1}] for {len(s)} tokens")
+    params = check_batch(sequences, prompt_lens, params)
     out: list[torch.Tensor | None] = [None] * len(sequences)
     dev = model.device
     ctx = torch.enable_grad() if grad else torch.no_grad()

@@ -32,11 +32,14 @@ class OptimConfig:
     lr: float = 1e-4
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
     grad_clip: float = 1.0
+    """Global gradient-norm clip; 0 disables it."""
     clip_low: float = 0.2
     clip_high: float = 0.28
     kl_coef: float = 0.0
     max_batch_tokens: int = 4096
+    """Tokens per packed forward (longest-first greedy packing, rlkit.train.recompute.pack_order)."""
 
 
 @dataclass
@@ -72,7 +75,8 @@ class EmbeddedTrainer:
         self.reference = reference
         self.masters = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
         o = self.optim_config
-        self.optimizer = torch.optim.AdamW(self.masters, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.masters, lr=o.lr, betas=o.betas, eps=o.adam_eps,
+                                           weight_decay=o.weight_decay)
 
     def set_contract(self, contract: NumericsContract) -> None:
         self.contract = contract

@@ -143,7 +143,9 @@ def test_heatmap_opens_for_a_chosen_sample(page, live):
     assert heatmap.evaluate("gd => gd.data[0].z.length") == 4
     # the token table lists the chosen sample's tokens
     page.get_by_text(re.compile(r"Tokens of the chosen sample")).wait_for()
-    wait_for("the token table", lambda: page.locator(".tabulator-row").count() == chosen.n_tokens)
+    tables = page.locator(".tabulator")  # the step's records, then the chosen sample's tokens
+    wait_for("the records table", lambda: tables.nth(0).locator(".tabulator-row").count() == len(records))
+    wait_for("the token table", lambda: tables.nth(1).locator(".tabulator-row").count() == chosen.n_tokens)
     # hover the chosen sample's first token: token text, both logprobs
     drag = heatmap.locator(".nsewdrag").first
     box = drag.bounding_box()

@@ -51,6 +51,23 @@ def test_figures_grow_in_place_as_steps_arrive(tmp_path):
     native.close()
 
 
+def test_a_run_that_starts_later_renders_first_as_waiting(tmp_path):
+    dash = Dashboard.from_run_dirs([tmp_path / "later"])
+    dash.__panel__().get_root()  # the whole layout builds with nothing to show
+    assert "waiting for the run to start" in dash.status.object and "waiting" in repr(dash)
+    assert all(b.disabled for b in dash.controls[0]._buttons.values())
+    assert dash.state.heatmap is None and len(dash.tokens_table.value) == 0
+    run = FakeRun(tmp_path / "later")
+    run.commit(2)
+    dash.refresh()
+    assert list(dash.step_charts.trace("later", "mismatch_count").x) == [0, 1]
+    assert dash.state.step == 1 and dash.state.heatmap.step == 1
+    assert not dash.controls[0]._buttons["linear"].disabled
+    dash.__panel__().get_root()
+    dash.state.close()
+    run.close()
+
+
 def test_drill_down_redraws_the_heatmap_and_token_table(fake_run):
     fake_run.commit(2)
     dash = dashboard(fake_run)
@@ -65,6 +82,8 @@ def test_drill_down_redraws_the_heatmap_and_token_table(fake_run):
     outline = dash.heatmap_chart.fig.layout.shapes[0]
     assert (outline.y0, outline.y1) == (1.5, 2.5)
     assert len(dash.tokens_table.value) == make_step(0).records[2].n_tokens
+    assert list(dash.records_table.value["record_id"]) == [r.record_id for r in make_step(0).records]
+    assert set(dash.records_table.value["weight_version"]) == {0} == set(dash.records_table.value["recompute_version"])
     assert "First divergence — fake, step 0" in dash.first_div.object and "op `linear`" in dash.first_div.object
     dash.state.close()
 

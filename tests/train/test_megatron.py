@@ -27,6 +27,7 @@ from rlkit.bitwise import assert_bitwise_equal, compare
 from rlkit.model import build_model, preset
 from rlkit.rollout.engine import EmbeddedEngine
 from rlkit.rollout.types import GenerationRequest, SamplingConfig
+from rlkit.train.trainer import OptimConfig
 from rlkit.train.megatron import convert
 from tests.distributed import run_ranks
 
@@ -84,7 +85,7 @@ def _rank(rank, world, tp, pp, jobs, train_job):
         if dtype not in trainers:
             cfg = preset("tiny").with_dtype(dtype)
             hf = build_model(cfg, seed=SEED).state_dict()
-            trainers[dtype] = MegatronTrainer(cfg, hf, config=MegatronTrainConfig(tp=tp, pp=pp, lr=1e-3))
+            trainers[dtype] = MegatronTrainer(cfg, hf, config=MegatronTrainConfig(tp=tp, pp=pp, optim=OptimConfig(lr=1e-3)))
             out["shards"][dtype] = {k: v.clone() for k, v in trainers[dtype].megatron_state().items()}
         tr = trainers[dtype]
         tr.contract = STRICT if path == "strict" else NATIVE

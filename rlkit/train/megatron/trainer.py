@@ -61,8 +61,8 @@ from rlkit.train.grpo import policy_loss
 from rlkit.train.megatron import convert
 from rlkit.train.megatron.cpu_shim import megatron_cpu_shim
 from rlkit.train.megatron.spec import build_gpt_model
-from rlkit.train.recompute import pack_order
-from rlkit.train.trainer import TrainBatch  # noqa: F401 - the one batch type, re-exported
+from rlkit.train.recompute import check_batch, pack_order
+from rlkit.train.trainer import OptimConfig, TrainBatch  # noqa: F401 - TrainBatch re-exported
 
 # Replicated over TP, yet each rank's gradient covers only its own heads: summed over TP after backward.
 _TP_PARTIAL_GRAD = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
@@ -75,26 +75,17 @@ class MegatronTrainConfig:
     contract's gemm.k_chunks)."""
     pp: int = 1
     """Pipeline-parallel size (divides num_hidden_layers)."""
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    """Global gradient-norm clip; 0 disables it."""
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    max_batch_tokens: int = 4096
-    """Tokens per packed forward (longest-first greedy packing, rlkit.train.recompute.pack_order)."""
+    optim: OptimConfig = OptimConfig(lr=1e-6)
+    """The optimizer and loss settings, shared with the embedded trainer (no KL term here)."""
+
+    def __post_init__(self) -> None:
+        if self.optim.kl_coef:
+            raise NotImplementedError("MegatronTrainer has no reference model: kl_coef must be 0")
 
     @classmethod
-    def from_optim(cls, optim, tp: int = 1, pp: int = 1) -> "MegatronTrainConfig":
-        """From the embedded trainer's OptimConfig (rlkit.train.trainer), so `--trainer megatron` runs
-        with the same optimizer settings. A KL term to a reference model is not wired here."""
-        if getattr(optim, "kl_coef", 0.0):
-            raise NotImplementedError("MegatronTrainer has no reference model: kl_coef must be 0")
-        return cls(tp=tp, pp=pp, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay,
-                   grad_clip=optim.grad_clip, clip_low=optim.clip_low, clip_high=optim.clip_high,
-                   max_batch_tokens=optim.max_batch_tokens)
+    def from_optim(cls, optim: OptimConfig, tp: int = 1, pp: int = 1) -> "MegatronTrainConfig":
+        """`--trainer megatron` runs with the run's optimizer settings."""
+        return cls(tp=tp, pp=pp, optim=optim)
 
 
 def _free_port() -> int:
@@ -259,14 +250,9 @@ class MegatronTrainer:
     def _logprobs(self, sequences, prompt_lens, params, keep: list | None):
         """Per-sequence response logprobs on the last stage (None elsewhere); `keep` collects each
         pack's pipeline tensors when a backward follows."""
-        if len(sequences) != len(prompt_lens):
-            raise ValueError("sequences and prompt_lens differ in length")
-        params = list(params) if params is not None else [None] * len(sequences)
-        for i, (s, p) in enumerate(zip(sequences, prompt_lens)):
-            if not 1 <= p < len(s):
-                raise ValueError(f"sequence {i}: prompt_len {p} must be in [1, {len(s) - 1}] for {len(s)} tokens")
+        params = check_batch(sequences, prompt_lens, params)
         out: list[torch.Tensor | None] = [None] * len(sequences)
-        for pack in pack_order([len(s) for s in sequences], self.config.max_batch_tokens):
+        for pack in pack_order([len(s) for s in sequences], self.config.optim.max_batch_tokens):
             seqs = [torch.as_tensor(list(sequences[i]), dtype=torch.int64, device=self.device) for i in pack]
             logits, tensors = self._forward_pack(seqs)
             if keep is not None:
@@ -305,7 +291,7 @@ class MegatronTrainer:
         if self._optimizer is None:
             params = list(self.model.parameters())
             self._master = [p.detach().float().clone() for p in params]
-            c = self.config
+            c = self.config.optim
             self._optimizer = torch.optim.AdamW(self._master, lr=c.lr, betas=c.betas, eps=c.adam_eps,
                                                 weight_decay=c.weight_decay, foreach=False)
 
@@ -375,7 +361,7 @@ class MegatronTrainer:
                 if not (new.shape == old.shape == adv.shape == mask.shape):
                     raise ValueError(f"per-token sizes differ: logprobs {tuple(new.shape)}, rollout "
                                      f"{tuple(old.shape)}, advantages {tuple(adv.shape)}, mask {tuple(mask.shape)}")
-                loss, stats = policy_loss(new, old, adv, mask, self.config.clip_low, self.config.clip_high)
+                loss, stats = policy_loss(new, old, adv, mask, self.config.optim.clip_low, self.config.optim.clip_high)
                 loss.backward()
                 flat = new.detach()
                 differs = _differs(flat.cpu(), old.cpu())
@@ -388,8 +374,8 @@ class MegatronTrainer:
         self._sync_grads()
         grad_norm = self._grad_norm()
         scale = 1.0
-        if self.config.grad_clip and grad_norm > self.config.grad_clip:
-            scale = self.config.grad_clip / (grad_norm + 1e-6)
+        if self.config.optim.grad_clip and grad_norm > self.config.optim.grad_clip:
+            scale = self.config.optim.grad_clip / (grad_norm + 1e-6)
         with torch.no_grad():
             for m, p in zip(self._master, params):
                 m.grad = None if p.grad is None else p.grad.float() * scale
