@@ -202,6 +202,7 @@ class HeatmapChart:
             self.fig.layout.yaxis.tickvals = rows.tolist()
             self.fig.layout.yaxis.ticktext = list(hm.labels)
             self.fig.layout.height = int(max(220, 90 + min(22, max(12, 1200 // max(n, 1))) * n))
+            self.fig.layout.xaxis.dtick = 1 if width <= 40 else None  # every position while they fit
             self.fig.layout.title = dict(text=f"{run_label} step {hm.step}: {n} samples × {width} positions, "
                                               f"{int(hm.mismatch.sum())} tokens differ", font=dict(size=13))
             shapes = []

@@ -68,7 +68,7 @@ class ToggleControls(pn.viewable.Viewer):
         elif not allowed:
             why = "this page has no valid token: toggles refused"
         else:
-            why = "click to switch; applied at the run's next step boundary"
+            why = "click to switch; applied at the run's next step boundary (a stopped run: when it resumes)"
         self._header.object = f"**{run.label}** kernel paths — {why}"
         for op, b in self._buttons.items():
             current = run.paths.get(op, "?")

@@ -269,3 +269,25 @@ def test_toggle_requests_reach_the_store_from_a_second_writer(fake_run):
     with RunStore.open(fake_run.run_dir, readonly=True) as s:
         assert [r.request_id for r in s.pending_toggles()] == ids
     run.close()
+
+
+def test_replays_the_run_brought_back_from_the_h200(tmp_path):
+    """The committed H200 validation store (qwen3-0.6b shape, 64 samples x 512 tokens per step) replays like
+    any run; copied first, so reading it leaves nothing beside the committed file."""
+    import shutil
+
+    from tests.conftest import REPO
+
+    src = REPO / "lab" / "runs" / "h200-validation-2026-11-29" / "strict"
+    shutil.copytree(src, tmp_path / "strict")
+    with RunStore.open(tmp_path / "strict", readonly=True) as store:
+        summaries = store.steps()
+    state = DashboardState.from_run_dirs([tmp_path / "strict"], token_text=TokenText(labelled_text))
+    run = state.current
+    assert run.n_steps == len(summaries) > 0 and run.config["preset"] == "qwen3-0.6b"
+    assert list(run.steps["mismatch_count"]) == [s.mismatch_count for s in summaries]
+    assert state.step == summaries[-1].step
+    hm, last = state.heatmap, run.records[run.records["step"] == state.step]
+    assert hm.shape == (len(last), int(last["n_tokens"].max()))
+    assert int(hm.mismatch.sum()) == summaries[-1].mismatch_count
+    state.close()
