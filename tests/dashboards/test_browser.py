@@ -24,7 +24,7 @@ from tests.dashboards.conftest import (TOKEN, WAIT_S, free_port, http, rlkit, sm
 
 pytestmark = pytest.mark.browser
 
-RUN_STEPS = 60
+RUN_STEPS = 400
 """More than the tests need: the run is stopped (SIGTERM) when the module ends, which is also checked."""
 
 

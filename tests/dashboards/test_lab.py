@@ -15,7 +15,7 @@ from rlkit.timeline import RunStore
 from tests.conftest import REPO
 from tests.dashboards.conftest import WAIT_S, free_port, http, rlkit, wait_for
 
-STEPS = 40
+STEPS = 400
 
 
 def test_lab_serves_both_runs_and_ctrl_c_stops_everything_with_complete_steps(tmp_path):
