@@ -10,7 +10,9 @@ STAMP_TEST := $(VENV)/.rlkit-test
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: lab test setup setup-test clean
+NB_ARGS ?=
+
+.PHONY: lab test setup setup-test notebooks clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +37,9 @@ lab: setup
 
 test: setup-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+notebooks: setup
+	$(BIN)/jupyter lab --notebook-dir=notebooks --ip=127.0.0.1 --no-browser $(if $(filter 0,$(shell id -u)),--allow-root) $(NB_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -14,7 +14,7 @@ Bad arguments and unusable inputs end with one clear line on stderr and exit cod
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
 import sys
 
@@ -28,6 +28,21 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Everything written to stdout inside (a library's logging, C-level prints) goes to stderr, at the
+    file-descriptor level, so `--json` leaves stdout holding the JSON alone."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _positive_int(text: str) -> int:
@@ -91,8 +106,12 @@ def _cmd_parity(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    report = run_parity(settings)
-    print(report_json(report) if args.json else report.table())
+    if args.json:
+        with _stdout_to_stderr():
+            report = run_parity(settings)
+        print(report_json(report))
+    else:
+        print(run_parity(settings).table())
     return 0
 
 

@@ -194,7 +194,10 @@ def run_parity(settings: ParitySettings, log=None) -> ParityReport:
                                           max_batch_tokens=settings.trainer_batch_tokens)
         add("trainer_vs_decode_processed", [r.processed_logprobs for r in results], processed)
     fd = None
-    if settings.locate and links["trainer_vs_decode"].mismatch_count and hasattr(engine, "replay"):
+    # Located when logprobs differ, and whenever an op is native: activations can differ where bf16
+    # rounding hides it in the logprobs, and "where does native first differ" is the question then.
+    wanted = links["trainer_vs_decode"].mismatch_count or not contract.all_strict
+    if settings.locate and wanted and hasattr(engine, "replay"):
         log("locating the first divergence (activation capture, teacher-forced replay)")
         fd = locate_first_divergence(model, contract, engine, seqs, plens, ids)
     return ParityReport(contract, settings, links, pairs, fd, notes, [len(s) for s in seqs])
