@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from rlkit.dashboards.server import REFUSED_TITLE
 from rlkit.timeline import RunStore
@@ -130,8 +131,22 @@ def test_heatmap_opens_for_a_chosen_sample(page, live):
     live.wait_steps(2)
     page.goto(live.url)
     page.locator("select").nth(1).wait_for()
-    page.locator("select").nth(1).select_option("1")          # step 1
-    page.get_by_text(re.compile(r"strict step 1: 4 samples × \d+ positions")).wait_for()
+    # Stop following the newest step first: with a fast run, new steps re-render the step list every
+    # poll, and a choice made while the list is being replaced can be lost in the browser.
+    follow = page.get_by_text("follow newest step").first  # Bokeh's checkbox sits beside it in a shadow root
+    follow.evaluate("e => { const box = e.getRootNode().querySelector('input[type=checkbox]');"
+                    " if (box.checked) box.click(); }")
+    wait_for("following switched off", lambda: follow.evaluate(
+        "e => !e.getRootNode().querySelector('input[type=checkbox]').checked"))
+    step_label = page.get_by_text(re.compile(r"strict step 1: 4 samples × \d+ positions"))
+    for attempt in range(3):
+        page.locator("select").nth(1).select_option("1")      # step 1
+        try:
+            step_label.wait_for(timeout=20_000)
+            break
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
     with RunStore.open(live.run_dir, readonly=True) as s:
         records = s.records(1)
     chosen = records[2]
