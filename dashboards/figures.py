@@ -203,8 +203,9 @@ class HeatmapChart:
             self.fig.layout.yaxis.ticktext = list(hm.labels)
             self.fig.layout.height = int(max(220, 90 + min(22, max(12, 1200 // max(n, 1))) * n))
             self.fig.layout.xaxis.dtick = 1 if width <= 40 else None  # every position while they fit
-            self.fig.layout.title = dict(text=f"{run_label} step {hm.step}: {n} samples × {width} positions, "
-                                              f"{int(hm.mismatch.sum())} tokens differ", font=dict(size=13))
+            title = (f"{run_label} step {hm.step}: {hm.note}" if hm.note else
+                     f"{run_label} step {hm.step}: {n} samples × {width} positions, {int(hm.mismatch.sum())} tokens differ")
+            self.fig.layout.title = dict(text=title, font=dict(size=13))
             shapes = []
             if record_id in hm.record_ids:
                 r = hm.row(record_id)

@@ -291,6 +291,9 @@ class HeatmapData:
     diff: np.ndarray
     token_ids: np.ndarray
     hover: list[list[str]]
+    note: str = ""
+    """Why the step has no rows, when it has none (e.g. a copy of a run that kept per-token data of
+    every k-th step only)."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -348,7 +351,13 @@ def build_heatmap(store: RunStore, step: int, text: TokenText) -> HeatmapData:
             row.append(f"{rec.record_id} · position {j}<br>token {text(rec.token_ids[j])!r} (id {rec.token_ids[j]})"
                        f"<br>rollout logprob {_fmt(a[j])}<br>trainer logprob {_fmt(b[j])}<br>{verdict}")
         hover.append(row)
-    return HeatmapData(step, [r.record_id for r in records], labels, z, mism, rollout, trainer, diff, ids, hover)
+    note = ""
+    if not records:
+        every = store.token_steps_every()
+        note = ("no per-token records for this step" +
+                (f" (this copy of the run keeps those of one step in {every})" if every > 1 else ""))
+    return HeatmapData(step, [r.record_id for r in records], labels, z, mism, rollout, trainer, diff, ids, hover,
+                       note)
 
 
 # -- several runs and the drill-down -----------------------------------------------------------------

@@ -50,6 +50,9 @@ class AttentionLayout:
     context_lens: torch.Tensor
     cu_seqlens_k: torch.Tensor | None = None
     block_table: torch.Tensor | None = None
+    one_query_per_seq: bool = False
+    """Set by `paged_decode`: every sequence has exactly one query, known without reading a tensor, so
+    no call on this layout reads device values on the host (CUDA-graph capture needs that)."""
 
     @classmethod
     def prefill(cls, cu_seqlens: torch.Tensor) -> "AttentionLayout":
@@ -68,6 +71,16 @@ class AttentionLayout:
         cu = torch.zeros(q_lens.numel() + 1, dtype=torch.int64, device=q_lens.device)
         cu[1:] = torch.cumsum(q_lens, 0)
         return cls(cu_seqlens_q=cu, query_start=ctx - q_lens, context_lens=ctx, block_table=block_table)
+
+    @classmethod
+    def paged_decode(cls, context_lens: torch.Tensor, block_table: torch.Tensor) -> "AttentionLayout":
+        """Decode: one query per sequence (its newest token, already in the cache) against a paged KV
+        cache. Equal to `paged(ones, context_lens, block_table)`, but built and consumed without a host
+        sync: the launch is sized by the block table's width, not by the context lengths' values."""
+        ctx = context_lens.to(torch.int64)
+        cu = torch.arange(ctx.numel() + 1, dtype=torch.int64, device=ctx.device)
+        return cls(cu_seqlens_q=cu, query_start=ctx - 1, context_lens=ctx, block_table=block_table,
+                   one_query_per_seq=True)
 
     @property
     def num_seqs(self) -> int:
@@ -90,6 +103,13 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Atte
     if k.shape[-1] != q.shape[-1] or q.shape[1] % k.shape[-2]:
         raise OpInputError(OP, f"q {tuple(q.shape)} against k {tuple(k.shape)}: head_dim must match and "
                                f"heads must be a multiple of kv_heads")
+    if layout.one_query_per_seq:
+        # shapes only: the values are the caller's (the engine's), read by no host code on this path
+        bt = layout.block_table
+        if q.shape[0] != layout.num_seqs or bt is None or bt.dim() != 2 or bt.shape[0] != layout.num_seqs:
+            raise OpInputError(OP, f"decode layout: q {tuple(q.shape)} needs one query per sequence and a "
+                                   f"[{layout.num_seqs}, pages] block table")
+        return
     if layout.cu_seqlens_q.numel() != layout.num_seqs + 1 or int(layout.cu_seqlens_q[-1]) != q.shape[0]:
         raise OpInputError(OP, f"cu_seqlens_q {layout.cu_seqlens_q.tolist()} does not cover q's "
                                f"{q.shape[0]} tokens")
@@ -218,8 +238,11 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Attenti
 
 
 def native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
-    """torch SDPA per sequence (causal, or an explicit mask when queries start past position 0)."""
+    """torch SDPA per sequence (causal, or an explicit mask when queries start past position 0); a
+    decode layout runs as one batched SDPA over the gathered pages."""
     check_inputs(q, k, v, layout)
+    if layout.one_query_per_seq:
+        return _native_decode(q, k, v, layout)
     outs = []
     heads, kv_heads = q.shape[1], k.shape[-2]
     for i in range(layout.num_seqs):
@@ -237,6 +260,26 @@ def native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionL
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask)
         outs.append(o.transpose(0, 1))
     return torch.cat(outs)
+
+
+def _native_decode(q, k, v, layout: AttentionLayout) -> torch.Tensor:
+    """All sequences' single queries at once: gather every page of the block table, mask the positions
+    past each context, one SDPA call (no host sync, so it can be captured in a CUDA graph)."""
+    n, heads, d = q.shape
+    kv_heads, page = k.shape[-2], k.shape[1]
+    table = layout.block_table.to(torch.int64)
+    width = table.shape[1] * page
+    visible = torch.arange(width, device=q.device)[None, :] < layout.context_lens[:, None]  # [n, L]
+    keep = visible[:, None, :, None]
+    # positions past a context hold whatever the pages held (stale or never written): zeroed, so a
+    # masked score or value cannot turn into NaN
+    kk = torch.where(keep, k[table].reshape(n, width, kv_heads, d).transpose(1, 2), 0)  # [n, G, L, D]
+    vv = torch.where(keep, v[table].reshape(n, width, kv_heads, d).transpose(1, 2), 0)
+    if heads != kv_heads:
+        kk = kk.repeat_interleave(heads // kv_heads, 1)
+        vv = vv.repeat_interleave(heads // kv_heads, 1)
+    o = F.scaled_dot_product_attention(q[:, :, None, :], kk, vv, attn_mask=visible[:, None, None, :])
+    return o[:, :, 0, :]
 
 
 
@@ -480,20 +523,32 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
     kv_heads = k.shape[-2]
     group = heads // kv_heads
     bq = BLOCK_M // group
-    q_lens = (layout.cu_seqlens_q[1:] - layout.cu_seqlens_q[:-1]).tolist()
-    starts = layout.query_start.tolist()
-    tile_seq, tile_q0, max_splits = [], [], 1
-    for i, (n, st) in enumerate(zip(q_lens, starts)):
-        for q0 in range(0, n, bq):
-            tile_seq.append(i)
-            tile_q0.append(q0)
-            max_splits = max(max_splits, (st + min(q0 + bq, n) - 1) // spec.split_size + 1)
     dev = k.device
-    plan = dict(layout=layout, tiles=len(tile_seq), max_splits=max_splits, nslots=max_splits.bit_length(),
+    if layout.one_query_per_seq:
+        # one tile a sequence; the split count is bounded by what the block table can hold (a split
+        # past a sequence's context is skipped in the kernel), so nothing here reads a device value
+        tiles = layout.num_seqs
+        max_splits = max(1, -(-layout.block_table.shape[1] * k.shape[1] // spec.split_size))
+        decode = True
+        tile_seq = torch.arange(tiles, dtype=torch.int32, device=dev)
+        tile_q0 = torch.zeros(tiles, dtype=torch.int32, device=dev)
+    else:
+        q_lens = (layout.cu_seqlens_q[1:] - layout.cu_seqlens_q[:-1]).tolist()
+        starts = layout.query_start.tolist()
+        seqs, q0s, max_splits = [], [], 1
+        for i, (n, st) in enumerate(zip(q_lens, starts)):
+            for q0 in range(0, n, bq):
+                seqs.append(i)
+                q0s.append(q0)
+                max_splits = max(max_splits, (st + min(q0 + bq, n) - 1) // spec.split_size + 1)
+        tiles = len(seqs)
+        decode = max(q_lens) == 1 if q_lens else True
+        tile_seq = torch.tensor(seqs, dtype=torch.int32, device=dev) if seqs else None
+        tile_q0 = torch.tensor(q0s, dtype=torch.int32, device=dev) if seqs else None
+    plan = dict(layout=layout, tiles=tiles, max_splits=max_splits, nslots=max_splits.bit_length(),
                 kv_heads=kv_heads, group=group, d=d, heads=heads, t=t)
-    if tile_seq:
-        plan["tile_seq"] = torch.tensor(tile_seq, dtype=torch.int32, device=dev)
-        plan["tile_q0"] = torch.tensor(tile_q0, dtype=torch.int32, device=dev)
+    if tiles:
+        plan["tile_seq"], plan["tile_q0"] = tile_seq, tile_q0
     plan["cu_q"] = layout.cu_seqlens_q.to(device=dev, dtype=torch.int32)
     plan["qstart"] = layout.query_start.to(device=dev, dtype=torch.int32)
     plan["ctx"] = layout.context_lens.to(device=dev, dtype=torch.int32)
@@ -506,8 +561,7 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
         plan["bt"] = plan["cu_q"]
         plan["k_strides"] = (1, k.stride(0), 0, k.stride(1), 0)
     if mode is None:
-        decode = max(q_lens) == 1 if q_lens else True
-        mode = ("split" if decode and len(tile_seq) * kv_heads < 2 * _tr.sm_count(dev) and max_splits > 1
+        mode = ("split" if decode and tiles * kv_heads < 2 * _tr.sm_count(dev) and max_splits > 1
                 else "fused")
     plan["mode"] = mode
     _PLAN_CACHE[0], _PLAN_CACHE[1] = key, plan

@@ -270,23 +270,28 @@ def _gemm_swapped_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_
 
 
 @jit
+def _grouped_tile(tile, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile `tile` in grouped order (GROUP_M row tiles share a sweep over the columns, so a weight tile
+    is reused from L2): its row and column offsets, the clamped rows/cols to load, the store mask."""
+    n_m = tl.cdiv(M, BM)
+    width = GROUP_M * tl.cdiv(N, BN)
+    first_m = (tile // width) * GROUP_M
+    group_rows = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % width) % group_rows
+    pid_n = (tile % width) // group_rows
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    return offs_m, offs_n, offs_m % M, offs_n % N, mask
+
+
+@jit
 def _gemm_tiles_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_x, stride_w, stride_y,
                        C: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                        BK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
     """Prefill/training GEMM over [BM x BN] tiles (grouped order so a weight tile is reused from L2)."""
     pid = tl.program_id(0)
-    n_m = tl.cdiv(M, BM)
-    n_n = tl.cdiv(N, BN)
-    width = GROUP_M * n_n
-    first_m = (pid // width) * GROUP_M
-    group_rows = tl.minimum(n_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % group_rows
-    pid_n = (pid % width) // group_rows
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    rows = offs_m % M
-    cols = offs_n % N
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    offs_m, offs_n, rows, cols, mask = _grouped_tile(pid, M, N, BM, BN, GROUP_M)
     y_offs = offs_m[:, None].to(tl.int64) * stride_y + offs_n[None, :]
     if SPLIT:
         chunk = tl.program_id(1)
@@ -298,6 +303,81 @@ def _gemm_tiles_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_x,
     else:
         tot = _chunk_tree(x_ptr, w_ptr, rows, cols, KC, stride_x, stride_w, C, BM, BN, BK, EVEN_K, IEEE)
         tl.store(y_ptr + y_offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@jit
+def _stash_load(slot, loc):
+    """Read back this program's own stash (after a CTA barrier: another thread of the CTA may have
+    written an element, in another register layout)."""
+    tl.debug_barrier()
+    return tl.load(slot + loc, cache_modifier=".cg")
+
+
+@jit
+def _stash_store(slot, loc, value):
+    tl.debug_barrier()  # every thread has read the slot's old values before anyone overwrites them
+    tl.store(slot + loc, value)
+
+
+@jit
+def _gemm_stash_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, M, N, KC, stride_x, stride_w, stride_y,
+                       C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                       GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+    """Prefill/training GEMM over all of K with a single live accumulator: each chunk sum is computed in
+    turn and the pairwise tree's pending operands wait in this program's own fp32 stash slots (global
+    memory, L2-resident; 3 slots of BM x BN a program), not in registers. Persistent: a program walks
+    the tiles pid, pid + programs, ... (grouped order), so the stash is sized by the programs, not the
+    tiles. The tree's grouping is the contract's: C=4 is (c0 + c1) + (c2 + c3)."""
+    pid = tl.program_id(0)
+    loc = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    s0 = ws_ptr + pid.to(tl.int64) * (3 * BM * BN)
+    s1 = s0 + BM * BN
+    s2 = s1 + BM * BN
+    for tile in range(pid, tl.cdiv(M, BM) * tl.cdiv(N, BN), tl.num_programs(0)):
+        _stash_tile(x_ptr, w_ptr, y_ptr, s0, s1, s2, loc, tile, M, N, KC, stride_x, stride_w, stride_y,
+                    C, BM, BN, BK, GROUP_M, EVEN_K, IEEE)
+
+
+@jit
+def _stash_tile(x_ptr, w_ptr, y_ptr, s0, s1, s2, loc, tile, M, N, KC, stride_x, stride_w, stride_y,
+                C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+    offs_m, offs_n, rows, cols, mask = _grouped_tile(tile, M, N, BM, BN, GROUP_M)
+    if C == 1:
+        tot = _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
+    elif C == 2:
+        _stash_store(s0, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BM, BN, BK,
+                                          EVEN_K, IEEE))
+        c1 = _chunk_rows(x_ptr, w_ptr, rows, cols, KC, 2 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
+        tot = _stash_load(s0, loc) + c1
+    elif C == 4:
+        _stash_store(s0, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BM, BN, BK,
+                                          EVEN_K, IEEE))
+        c1 = _chunk_rows(x_ptr, w_ptr, rows, cols, KC, 2 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
+        _stash_store(s0, loc, _stash_load(s0, loc) + c1)                       # c0 + c1
+        _stash_store(s1, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 2 * KC, 3 * KC, stride_x, stride_w, BM, BN,
+                                          BK, EVEN_K, IEEE))
+        c3 = _chunk_rows(x_ptr, w_ptr, rows, cols, 3 * KC, 4 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
+        tot = _stash_load(s0, loc) + (_stash_load(s1, loc) + c3)              # (c0 + c1) + (c2 + c3)
+    else:  # C == 8: ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7))
+        _stash_store(s0, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BM, BN, BK,
+                                          EVEN_K, IEEE))
+        c1 = _chunk_rows(x_ptr, w_ptr, rows, cols, KC, 2 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
+        _stash_store(s0, loc, _stash_load(s0, loc) + c1)
+        _stash_store(s1, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 2 * KC, 3 * KC, stride_x, stride_w, BM, BN,
+                                          BK, EVEN_K, IEEE))
+        c3 = _chunk_rows(x_ptr, w_ptr, rows, cols, 3 * KC, 4 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
+        _stash_store(s0, loc, _stash_load(s0, loc) + (_stash_load(s1, loc) + c3))
+        _stash_store(s1, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 4 * KC, 5 * KC, stride_x, stride_w, BM, BN,
+                                          BK, EVEN_K, IEEE))
+        c5 = _chunk_rows(x_ptr, w_ptr, rows, cols, 5 * KC, 6 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
+        _stash_store(s1, loc, _stash_load(s1, loc) + c5)
+        _stash_store(s2, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 6 * KC, 7 * KC, stride_x, stride_w, BM, BN,
+                                          BK, EVEN_K, IEEE))
+        c7 = _chunk_rows(x_ptr, w_ptr, rows, cols, 7 * KC, 8 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
+        tot = _stash_load(s0, loc) + (_stash_load(s1, loc) + (_stash_load(s2, loc) + c7))
+    y_offs = offs_m[:, None].to(tl.int64) * stride_y + offs_n[None, :]
+    tl.store(y_ptr + y_offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 # -- launch plans: which kernel and tile for a shape. None of these choices changes a bit (see above).
@@ -333,6 +413,9 @@ are independent, so slabs never change a bit)."""
 
 
 _COUNTERS: dict[str, torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []
+"""Counter buffers outgrown by a larger launch: kept, never freed, because a captured CUDA graph may
+still point at one."""
 LAST: dict = {}
 """The last compiled kernel of each kind (benchmarks read its registers and spills)."""
 
@@ -343,6 +426,8 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     key = str(device)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
+        if buf is not None:
+            _RETIRED.append(buf)
         buf = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
         _COUNTERS[key] = buf
     return buf
@@ -386,6 +471,15 @@ def triton_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
         LAST["swapped"] = _gemm_swapped_kernel[grid](x2, w, y, ws, cnt, m, n, kc, x2.stride(0), w.stride(0), y.stride(0),
                                    C=c, BN=cfg["BN"], BT=cfg["BT"], BK=bk, EVEN_K=even_k, IEEE=ieee,
                                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
+    elif cfg["kind"] == "stash":
+        tiles = _tr.cdiv(m, cfg["BM"]) * _tr.cdiv(n, cfg["BN"])
+        programs = min(tiles, cfg.get("programs_per_sm", 1) * _tr.sm_count(x.device))
+        ws = torch.empty(programs * 3 * cfg["BM"] * cfg["BN"] if c > 1 else 1, dtype=torch.float32,
+                         device=x.device)
+        LAST["stash"] = _gemm_stash_kernel[(programs,)](
+            x2, w, y, ws, m, n, kc, x2.stride(0), w.stride(0), y.stride(0), C=c, BM=cfg["BM"], BN=cfg["BN"],
+            BK=bk, GROUP_M=cfg["GROUP_M"], EVEN_K=even_k, IEEE=ieee, num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"], **opts)
     else:
         split = bool(cfg["split"]) and c > 1
         slab = m

@@ -101,8 +101,9 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         order = torch.sort(z, dim=-1, descending=True, stable=True)
         sorted_z = order.values
         probs = torch.exp(sorted_z - sorted_z[:, :1])  # unnormalized, max entry = 1
-        # exclusive cumulative mass, compared against top_p * total mass: one fp32 sequential scan
-        cum = torch.cumsum(probs, dim=-1, dtype=torch.float32)
+        # exclusive cumulative mass, compared against top_p * total mass: an fp32 scan of each row on its
+        # own (`row_cumsum`: sequential on the CPU, a fixed blocked scan on the GPU)
+        cum = row_cumsum(probs)
         total = cum[:, -1:]
         exclusive = cum - probs
         keep_sorted = exclusive < params.top_p * total
@@ -225,6 +226,43 @@ def _logprob_rows_kernel(z_ptr, ids_ptr, out_ptr, V, stride_z, VC: tl.constexpr,
     tl.store(out_ptr + row, out)
 
 
+SCAN_BLOCK = 1024
+
+
+@jit
+def _row_cumsum_kernel(x_ptr, y_ptr, V, stride, BLOCK: tl.constexpr):
+    """Inclusive fp32 prefix sum of one row: blocks of BLOCK in order, Triton's in-register scan within
+    a block, the running total carried between blocks. Fixed order, one program per row."""
+    base = tl.program_id(0).to(tl.int64) * stride
+    carry = tl.sum(tl.zeros((BLOCK,), tl.float32), axis=0)
+    for c in range(0, tl.cdiv(V, BLOCK)):
+        offs = c * BLOCK + tl.arange(0, BLOCK)
+        inside = offs < V
+        x = tl.load(x_ptr + base + offs, mask=inside, other=0.0)
+        tl.store(y_ptr + base + offs, tl.cumsum(x, axis=0) + carry, mask=inside)
+        carry = carry + tl.sum(x, axis=0)
+
+
+def row_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """Inclusive prefix sums along the last dim of fp32 [rows, n], each row scanned on its own in a fixed
+    order, so a row's sums depend on nothing else: on the GPU the Triton scan above (torch's CUDA
+    cumsum reduces in an order that can change from run to run and with the number of rows, which once
+    flipped a top-p boundary token between two identical decode runs); on the CPU torch's sequential
+    scan. The two orders differ, so CPU and GPU may keep different tokens at an exact top-p tie."""
+    if _tr.on_gpu(x) and x.dim() == 2:
+        return triton_row_cumsum(x)
+    return torch.cumsum(x, dim=-1, dtype=torch.float32)
+
+
+def triton_row_cumsum(x: torch.Tensor) -> torch.Tensor:
+    x = x.float().contiguous()
+    y = torch.empty_like(x)
+    if x.numel():
+        _row_cumsum_kernel[(x.shape[0],)](x, y, x.shape[1], x.stride(0), BLOCK=SCAN_BLOCK, num_warps=4,
+                                          **_tr.launch_options())
+    return y
+
+
 def _gpu_ok(contract: NumericsContract) -> bool:
     vc = contract.logprob.vocab_chunk
     return _tr.HAVE_TRITON and vc & (vc - 1) == 0 and vc <= 65536
@@ -235,12 +273,7 @@ def triton_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contr
     check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device)
     z = logits_fp32
     if params is not None and not params.is_identity:
-        if params.top_p < 1.0 and z.shape[0] > 1:
-            # torch's GPU cumsum may block rows differently with their number: one row at a time, the
-            # way the engine calls it, so top-p's scan is the same in every batch
-            z = torch.cat([process_logits(z[i : i + 1], params) for i in range(z.shape[0])])
-        else:
-            z = process_logits(z, params)
+        z = process_logits(z, params)
     z = z if z.stride(-1) == 1 else z.contiguous()
     rows, vocab = z.shape
     out = torch.empty(rows, dtype=torch.float32, device=z.device)

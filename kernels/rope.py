@@ -129,15 +129,17 @@ def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, y_ptr, heads, stride_t, strid
     tl.store(out, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def triton_rope(x, positions, theta, contract):
+def triton_rope(x, positions, theta, contract, max_position: int | None = None):
+    """`max_position`: a bound the caller guarantees (positions < max_position); with it the tables are
+    sized without reading `positions` on the host (CUDA-graph capture). Table rows do not depend on
+    the table's length, so the bound changes no bit."""
     check_inputs(x, positions)
     t, heads, d = x.shape
     if d & (d - 1):
         return reference(x, positions, theta, contract)
     y = torch.empty(t, heads, d, dtype=x.dtype, device=x.device)
     if t:
-        max_pos = int(positions.max()) + 1
-        cos, sin = tables(max_pos, d, theta, x.device)
+        cos, sin = tables(max_position if max_position else int(positions.max()) + 1, d, theta, x.device)
         if x.stride(-1) != 1:
             x = x.contiguous()
         _rope_kernel[(t,)](x, positions, cos, sin, y, heads, x.stride(0), x.stride(1), D=d,
@@ -169,11 +171,11 @@ class _StrictRope(torch.autograd.Function):
         return gx.to(gy.dtype), None, None, None
 
 
-def strict(x, positions, theta, contract):
+def strict(x, positions, theta, contract, max_position: int | None = None):
     """Strict RoPE: the Triton kernel for CUDA tensors, the reference otherwise; under autograd the same
-    forward with the exact inverse rotation as backward."""
+    forward with the exact inverse rotation as backward. `max_position`: see `triton_rope`."""
     if torch.is_grad_enabled() and x.requires_grad:
         return _StrictRope.apply(x, positions, theta, contract)
     if _tr.on_gpu(x, positions):
-        return triton_rope(x, positions, theta, contract)
+        return triton_rope(x, positions, theta, contract, max_position)
     return reference(x, positions, theta, contract)

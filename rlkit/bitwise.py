@@ -35,7 +35,8 @@ class BitwiseReport:
                 f"max |delta| = {self.max_abs_diff:.6g}; first: {firsts}")
 
 
-def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise: True where the bits differ (sign of zero included; NaN equals NaN)."""
     if a.is_floating_point():
         same = (a == b) & (torch.signbit(a) == torch.signbit(b))
         same |= torch.isnan(a) & torch.isnan(b)
@@ -46,7 +47,7 @@ def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    return bool(torch.equal(a, b) and not _differs(a, b).any())
+    return bool(torch.equal(a, b) and not differs(a, b).any())
 
 
 def compare(actual: torch.Tensor, expected: torch.Tensor, label: str = "tensors",
@@ -56,7 +57,7 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, label: str = "tensors"
                              shape_mismatch=f"shape/dtype {tuple(actual.shape)} {actual.dtype} vs "
                                             f"{tuple(expected.shape)} {expected.dtype}")
     a, b = actual.detach().cpu(), expected.detach().cpu()
-    diff_mask = _differs(a, b)
+    diff_mask = differs(a, b)
     count = int(diff_mask.sum())
     if count == 0:
         return BitwiseReport(label, a.numel(), 0, 0.0)

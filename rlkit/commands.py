@@ -55,7 +55,9 @@ def run_config_from_args(args):
         if value is not None:
             overrides[attr] = value
     if args.dtype:
-        overrides["dtype"] = {"bf16": "bfloat16", "fp32": "float32"}[args.dtype]
+        from rlkit.model.config import DTYPE_ALIASES
+
+        overrides["dtype"] = DTYPE_ALIASES[args.dtype]
     return base.replace(**overrides)
 
 

@@ -39,6 +39,12 @@ class RunConfig:
     top_p: float = 1.0
     staleness: int = 0
     """A record may enter the update of a version at most this many versions newer than its own."""
+    shaping: float = 0.0
+    """Weight of a shaping term added to the task reward: the share of the response's characters that
+    are ASCII (rlkit.data.rewards.ascii_share, a language-consistency reward). 0: the task reward
+    alone. A random-weight model earns a task reward of 0 on every sample, so every advantage and
+    every gradient is 0 and its weights never move; the shaping term differs between samples, which
+    gives the validation run moving weights."""
     warm_start_steps: int = 0
     """Supervised steps on the arithmetic task before step 0 (tiny models need a start to learn)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -49,8 +55,9 @@ class RunConfig:
     """embedded (rlkit's Qwen3 + AdamW) | megatron (Megatron-core GPTModel with rlkit's strict spec, TP 1)"""
     engines: int = 1
     checkpoint_every: int = 1
-    """Save the trainer's state every this many steps (0: never; a run without checkpoints cannot
-    resume). A resumed run redoes the steps after its last checkpoint, bit for bit."""
+    """Save the trainer's state every this many steps, at the last step, and at the step a stop request
+    ends the run on (0: never; a run without checkpoints cannot resume). A resumed run redoes the steps
+    after its last checkpoint, bit for bit."""
     locate_every: int = 5
     """On steps with mismatches, run the first-divergence locator every this many steps (0: never)."""
     locate_records: int = 4
@@ -77,7 +84,7 @@ class RunConfig:
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         for name in ("max_tokens", "staleness", "warm_start_steps", "locate_every", "threads", "seed",
-                     "checkpoint_every"):
+                     "checkpoint_every", "shaping"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if problems:
@@ -89,7 +96,7 @@ class RunConfig:
         return SamplingParams(self.temperature, self.top_k, self.top_p)
 
     def contract(self) -> NumericsContract:
-        base = NumericsContract.default() if self.path == "strict" else NumericsContract.native()
+        base = NumericsContract.default().with_every_op(self.path)
         return base.with_ops(**self.ops) if self.ops else base
 
     def to_dict(self) -> dict:
@@ -118,11 +125,15 @@ def lab_default(**overrides) -> RunConfig:
 
 
 def validation_0_6b(**overrides) -> RunConfig:
-    """The H200 validation run: qwen3-0.6b shape (random init), DAPO-Math-17k, 8 samples per prompt,
-    512-token responses, seed 1234 (lab/validate_h200.py)."""
+    """The H200 validation run (lab/validate_h200.py): qwen3-0.6b shape (random init), DAPO-Math-17k,
+    seed 1234, 2 prompts x 8 samples a step, 512-token responses; decode from CUDA graphs. The ASCII
+    shaping term (`shaping`) gives a random model non-zero advantages, so its weights move every step.
+    Checkpoints only at the end and where a stop request ends a stretch, so the run continues in the
+    next device call (`--resume`)."""
     cfg = RunConfig(preset="qwen3-0.6b", dtype="bfloat16", device="cuda", task="dapo", steps=200, seed=1234,
-                    prompts_per_step=8, samples_per_prompt=8, max_tokens=512, locate_every=0, checkpoint_every=0,
-                    engine=EngineConfig(page_size=16, num_pages=8192, max_num_seqs=64, max_batch_tokens=8192,
+                    prompts_per_step=2, samples_per_prompt=8, max_tokens=512, shaping=0.1, locate_every=0,
+                    checkpoint_every=200,
+                    engine=EngineConfig(page_size=16, num_pages=2048, max_num_seqs=16, max_batch_tokens=4096,
                                         max_model_len=1024),
                     optim=OptimConfig(lr=1e-6, max_batch_tokens=16384))
     return cfg.replace(**overrides)

@@ -263,7 +263,11 @@ class NumericsContract:
     @classmethod
     def native(cls) -> "NumericsContract":
         """The same contract with every op on the native path (what frameworks do today)."""
-        return cls().with_ops(**{op: "native" for op in OPS})
+        return cls().with_every_op("native")
+
+    def with_every_op(self, path: str) -> "NumericsContract":
+        """A new contract with every op on `path` (strict | native), the other fields kept."""
+        return self.with_ops(**{op: path for op in OPS})
 
     def with_ops(self, **paths: str) -> "NumericsContract":
         """A new contract with the given ops switched, e.g. `with_ops(attention="native")`."""
@@ -308,6 +312,10 @@ class NumericsContract:
         if op not in OPS:
             raise ContractError("op", op, " | ".join(OPS))
         return getattr(self.paths, op)
+
+    def op_paths(self) -> dict[str, str]:
+        """{op: path} for every op, in OPS order (what records and summaries store)."""
+        return {op: self.path(op) for op in OPS}
 
     @property
     def all_strict(self) -> bool:

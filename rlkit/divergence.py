@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from rlkit.bitwise import _differs
+from rlkit.bitwise import differs
 
 
 class FingerprintMismatch(ValueError):
@@ -52,7 +52,8 @@ class DivergenceStats:
         return cls(0, 0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0)
 
 
-def _flat(x) -> torch.Tensor:
+def flatten(x) -> torch.Tensor:
+    """Token logprobs as one fp32 CPU tensor, from a tensor or a list of per-sequence tensors/lists."""
     if isinstance(x, torch.Tensor):
         return x.detach().float().reshape(-1).cpu()
     parts = [torch.as_tensor(t, dtype=torch.float32).detach().reshape(-1).cpu() for t in x]
@@ -61,7 +62,7 @@ def _flat(x) -> torch.Tensor:
 
 def per_token_diff(rollout, trainer) -> torch.Tensor:
     """trainer - rollout per token (fp64 so tiny differences show), flattened."""
-    r, t = _flat(rollout), _flat(trainer)
+    r, t = flatten(rollout), flatten(trainer)
     if r.shape != t.shape:
         raise ValueError(f"rollout has {r.numel()} tokens, trainer {t.numel()}")
     return t.double() - r.double()
@@ -69,13 +70,13 @@ def per_token_diff(rollout, trainer) -> torch.Tensor:
 
 def logprob_divergence(rollout, trainer) -> DivergenceStats:
     """Stats over aligned token logprobs (tensors or lists of per-sequence tensors/lists)."""
-    r, t = _flat(rollout), _flat(trainer)
+    r, t = flatten(rollout), flatten(trainer)
     if r.shape != t.shape:
         raise ValueError(f"rollout has {r.numel()} tokens, trainer {t.numel()}")
     n = r.numel()
     if n == 0:
         return DivergenceStats.empty()
-    mismatch = int(_differs(r, t).sum())
+    mismatch = int(differs(r, t).sum())
     delta = t.double() - r.double()
     finite = torch.isfinite(delta)
     absd = delta[finite].abs()
@@ -210,7 +211,7 @@ def first_divergence(a: ActivationRecorder, b: ActivationRecorder,
             continue
         xa = torch.stack([ta[k] for k in common]).float()
         xb = torch.stack([tb[k] for k in common]).float()
-        diff = _differs(xa, xb).reshape(len(common), -1)
+        diff = differs(xa, xb).reshape(len(common), -1)
         bad_rows = diff.any(-1)
         if bad_rows.any():
             delta = (xa.double() - xb.double()).abs()

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
+from rlkit.bitwise import bitwise_equal
 from rlkit.config import RunConfig
+from rlkit.data.rewards import ascii_share
 from rlkit.data.tasks import task as get_task
 from rlkit.divergence import check_fingerprints, logprob_divergence
 from rlkit.model.tokenizer import chat_prompt_ids, decode, load_tokenizer
@@ -108,9 +110,9 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
             problems = task.problems(step, cfg.prompts_per_step, cfg.seed)
             sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p,
                                       cfg.max_tokens or task.default_max_tokens, seed=cfg.seed)
-            requests = [GenerationRequest(f"s{step}-p{i}-k{k}", tuple(chat_prompt_ids(p.user_message(), tok)),
-                                          sampling) for i, p in enumerate(problems)
-                        for k in range(cfg.samples_per_prompt)]
+            prompts = [tuple(chat_prompt_ids(p.user_message(), tok)) for p in problems]  # once per prompt
+            requests = [GenerationRequest(f"s{step}-p{i}-k{k}", prompts[i], sampling)
+                        for i in range(len(problems)) for k in range(cfg.samples_per_prompt)]
             results = runner.generate(requests, step)
             errors = [r.error for r in results if not r.ok]
             if errors:
@@ -124,8 +126,10 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
             t_rollout = time.time()
 
             # 3. reward, group-normalized advantages
-            rewards = torch.tensor([task.reward(decode(r.token_ids, tok), problems[i // cfg.samples_per_prompt].answer)
-                                    for i, r in enumerate(results)])
+            texts = [decode(r.token_ids, tok) for r in results]
+            rewards = torch.tensor([task.reward(text, problems[i // cfg.samples_per_prompt].answer)
+                                    + (cfg.shaping * ascii_share(text) if cfg.shaping else 0.0)
+                                    for i, text in enumerate(texts)])
             advantages = group_advantages(rewards, cfg.samples_per_prompt)
             processed = not cfg.sampling_params.is_identity
             rollout_lps = [r.processed_logprobs if processed else r.raw_logprobs for r in results]
@@ -142,7 +146,7 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
             first = None
             if div.mismatch_count and cfg.locate_every and step % cfg.locate_every == 0:
                 bad = [i for i, (a, b) in enumerate(zip(rollout_lps, trainer_lps))
-                       if not torch.equal(torch.tensor(a), b.cpu())][: cfg.locate_records]
+                       if not bitwise_equal(torch.tensor(a, dtype=torch.float32), b.cpu())][: cfg.locate_records]
                 first = runner.locate([batch.sequences[i] for i in bad], [batch.prompt_lens[i] for i in bad],
                                       [results[i].request_id for i in bad])
 
@@ -166,15 +170,15 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
                 step=step, weight_version=version, **{k: v for k, v in div.to_dict().items()},
                 loss=stats["loss"], reward_mean=float(rewards.mean()), reward_std=float(rewards.std(unbiased=False)),
                 clip_fraction=stats["clip_fraction"],
-                ops_paths={op: contract.path(op) for op in ("rms_norm", "linear", "swiglu", "rope", "attention",
-                                                            "logprob", "all_reduce")},
+                ops_paths=contract.op_paths(),
                 contract_fingerprint=contract.fingerprint(),
                 timings={"rollout_s": t_rollout - t0, "train_s": t_train - t_rollout, "sync_s": t_sync - t_train,
                          "step_s": time.time() - t0, "tokens": float(div.compared_tokens)},
                 first_divergence=first, valid=not bad_sync,
                 invalid_reason=f"checksum not acknowledged by {bad_sync[0].engine_id}" if bad_sync else "")
             ckpt = None
-            if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
+            stopping = stop is not None and stop.is_set()  # a stopped run can resume where it stopped
+            if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or stopping):
                 ckpt = _save_checkpoint(runner, run_dir, step)
             store.commit_step(summary, records, recomputes,
                               [WeightVersion(version + 1, step, checksum, contract.fingerprint(), time.time())],

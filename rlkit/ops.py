@@ -100,10 +100,11 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return _swiglu.native(gate, up)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding of x [tokens, heads, head_dim] at absolute `positions` [tokens]."""
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float, max_position: int | None = None) -> torch.Tensor:
+    """Rotary embedding of x [tokens, heads, head_dim] at absolute `positions` [tokens]. `max_position`
+    (optional) bounds the positions, so no host code reads them (CUDA graphs)."""
     if _strict("rope"):
-        return _rope.strict(x, positions, theta, _ACTIVE.get())
+        return _rope.strict(x, positions, theta, _ACTIVE.get(), max_position)
     return _rope.native(x, positions, theta)
 
 

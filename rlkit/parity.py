@@ -28,14 +28,14 @@ import torch
 
 from rlkit import ops
 from rlkit.contract import NumericsContract
-from rlkit.divergence import ActivationRecorder, DivergenceStats, first_divergence, logprob_divergence
+from rlkit.divergence import ActivationRecorder, DivergenceStats, first_divergence, flatten, logprob_divergence
 from rlkit.kernels.logprob import SamplingParams
 from rlkit.model import build_model, preset
+from rlkit.model.config import DTYPE_ALIASES
 from rlkit.model.qwen3 import ForwardBatch
 from rlkit.rollout import EmbeddedEngine, EngineConfig, GenerationRequest, SamplingConfig
 from rlkit.train.recompute import response_logprobs
 
-DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32"}
 ROLLOUTS = ("embedded", "vllm")
 
 
@@ -65,7 +65,7 @@ class ParitySettings:
             raise ValueError(f"--path {self.path!r}; expected strict or native")
         if self.rollout not in ROLLOUTS:
             raise ValueError(f"--rollout {self.rollout!r}; expected one of {', '.join(ROLLOUTS)}")
-        if self.dtype not in DTYPES:
+        if self.dtype not in ("bf16", "fp32", "bfloat16", "float32"):
             raise ValueError(f"--dtype {self.dtype!r}; expected bf16 or fp32")
         if self.prompts < 1 or self.max_tokens < 1:
             raise ValueError("--prompts and --max-tokens must be >= 1")
@@ -75,9 +75,7 @@ class ParitySettings:
 
     def build_contract(self) -> NumericsContract:
         base = self.contract or NumericsContract.default()
-        if self.path == "native":
-            base = base.with_ops(**{op: "native" for op in ("rms_norm", "linear", "swiglu", "rope", "attention",
-                                                            "logprob", "all_reduce")})
+        base = base.with_every_op(self.path)
         return base.with_ops(**self.ops) if self.ops else base
 
 
@@ -96,9 +94,8 @@ class ParityReport:
             "contract": self.contract.fingerprint(),
             "contract_name": self.contract.name,
             "path": self.settings.path,
-            "ops": {op: self.contract.path(op) for op in ("rms_norm", "linear", "swiglu", "rope", "attention",
-                                                         "logprob", "all_reduce")},
-            "preset": self.settings.preset, "dtype": DTYPES[self.settings.dtype], "rollout": self.settings.rollout,
+            "ops": self.contract.op_paths(),
+            "preset": self.settings.preset, "dtype": DTYPE_ALIASES[self.settings.dtype], "rollout": self.settings.rollout,
             "links": {k: (None if v is None else v.to_dict()) for k, v in self.links.items()},
             "first_divergence": self.first_divergence,
             "notes": self.notes,
@@ -106,7 +103,7 @@ class ParityReport:
 
     def table(self) -> str:
         lines = [f"contract {self.contract.summary()}",
-                 f"preset {self.settings.preset} {DTYPES[self.settings.dtype]} rollout={self.settings.rollout}",
+                 f"preset {self.settings.preset} {DTYPE_ALIASES[self.settings.dtype]} rollout={self.settings.rollout}",
                  f"{'link':34} {'compared':>9} {'mismatch':>9} {'max_abs_diff':>13}"]
         for name, s in self.links.items():
             if s is None:
@@ -130,11 +127,6 @@ def dapo_prompts(n: int) -> list[tuple[str, list[int]]]:
     return [(p.prompt_id, chat_prompt_ids(p.user_message(), tok)) for p in load_dapo(limit=n)]
 
 
-def _pair(a, b) -> tuple[torch.Tensor, torch.Tensor]:
-    cat = lambda xs: torch.cat([torch.as_tensor(x, dtype=torch.float32).reshape(-1).cpu() for x in xs])  # noqa: E731
-    return cat(a), cat(b)
-
-
 def build_rollout(settings: ParitySettings, model, contract):
     if settings.rollout == "embedded":
         return EmbeddedEngine(model, contract, settings.engine, engine_id="parity-engine")
@@ -148,7 +140,7 @@ def build_rollout(settings: ParitySettings, model, contract):
 def run_parity(settings: ParitySettings, log=None) -> ParityReport:
     log = log or (lambda msg: print(msg, file=sys.stderr))
     contract = settings.build_contract()
-    cfg = preset(settings.preset).with_dtype(DTYPES[settings.dtype])
+    cfg = preset(settings.preset).with_dtype(DTYPE_ALIASES[settings.dtype])
     log(f"building {settings.preset} ({cfg.num_parameters() / 1e6:.1f} M params, {cfg.dtype}) on {settings.device}")
     model = build_model(cfg, seed=settings.seed, device=settings.device)
     engine = build_rollout(settings, model, contract)
@@ -169,7 +161,7 @@ def run_parity(settings: ParitySettings, log=None) -> ParityReport:
     notes: list[str] = []
 
     def add(name, a, b):
-        pairs[name] = _pair(a, b)
+        pairs[name] = (flatten(a), flatten(b))
         links[name] = logprob_divergence(*pairs[name])
 
     log("trainer: packed recompute (two batch compositions)")

@@ -74,7 +74,11 @@ TUNE_CONFIGS = {  # candidates timed beside the default plan (gemm.plan); each m
     "large": [dict(kind="tiles", BM=128, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=4),
               dict(kind="tiles", BM=256, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=3),
               dict(kind="tiles", BM=128, BN=256, GROUP_M=8, split=True, num_warps=8, num_stages=4),
-              dict(kind="tiles", BM=128, BN=256, GROUP_M=16, split=True, num_warps=8, num_stages=3)],
+              dict(kind="tiles", BM=128, BN=256, GROUP_M=16, split=True, num_warps=8, num_stages=3),
+              dict(kind="stash", BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=3),
+              dict(kind="stash", BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=4),
+              dict(kind="stash", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=4, programs_per_sm=2),
+              dict(kind="stash", BM=256, BN=128, GROUP_M=8, num_warps=8, num_stages=3)],
 }
 
 
@@ -219,13 +223,14 @@ def bench_rowwise(rec: Recorder, rows: int = 4096) -> None:
 
 # -- the embedded engine's decode step ----------------------------------------------------------------
 def bench_engine_step(rec: Recorder, batch: int = 64, ctx: int = 512) -> None:
-    """One decode step of qwen3-0.6b (random bf16 weights) for `batch` sequences at context `ctx`:
-    forward + the lm_head of the sampled rows, strict and native, and its fraction of the HBM limit
-    (weights + KV bytes read once / 4.3 TB/s, over the measured time)."""
-    from rlkit import NumericsContract, ops
-    from rlkit.kernels.attention import AttentionLayout
+    """One decode step of qwen3-0.6b (random bf16 weights) for `batch` sequences at context `ctx`: the
+    forward and the fp32 logits of every row, strict and native, run eagerly and replayed from a CUDA
+    graph (rlkit.rollout.decode_graphs, host work included: the step's metadata copy), and its fraction
+    of the HBM limit (weights + KV bytes read once / 4.3 TB/s, over the measured time)."""
+    from rlkit import NumericsContract
     from rlkit.model.config import Qwen3Config
-    from rlkit.model.qwen3 import ForwardBatch, Qwen3ForCausalLM
+    from rlkit.model.qwen3 import Qwen3ForCausalLM
+    from rlkit.rollout.decode_graphs import DecodeGraphs
     from rlkit.rollout.kv_cache import PagedKVCache
 
     cfg = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -244,33 +249,28 @@ def bench_engine_step(rec: Recorder, batch: int = 64, ctx: int = 512) -> None:
     for kk, vv in zip(cache.k, cache.v):
         kk.normal_(generator=gen)
         vv.normal_(generator=gen)
-    table = torch.arange(batch * per, device="cuda").view(batch, per)
-    positions = torch.full((batch,), ctx, device="cuda")
-    slots = table[:, ctx // page] * page + ctx % page
-    layout = AttentionLayout.paged(torch.ones(batch, dtype=torch.int64, device="cuda"), positions + 1, table)
-    ids = torch.randint(0, cfg.vocab_size, (batch,), device="cuda")
-    fb = ForwardBatch(ids, positions, layout, cache, slots)
+    tables = [list(range(i * per, (i + 1) * per)) for i in range(batch)]
+    ids = torch.randint(0, cfg.vocab_size, (batch,), generator=gen, device="cuda").tolist()
+    args = (ids, [ctx] * batch, [t[ctx // page] * page + ctx % page for t in tables], [ctx + 1] * batch, tables)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     kv_bytes = 2.0 * batch * (ctx + 1) * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
-    for impl, contract in (("strict", NumericsContract.default()), ("native", NumericsContract.native())):
-        with torch.no_grad(), ops.use_contract(contract):
-            def step():
-                return model.logits(model(fb))
+    shape = f"qwen3-0.6b decode step B={batch} ctx={ctx}"
+    for mode in ("eager", "graph"):
+        steps = DecodeGraphs(model, cache, batch, per * page, capture=mode == "graph")
+        for impl, contract in (("strict", NumericsContract.default()), ("native", NumericsContract.native())):
             for _ in range(3):
-                step()
+                steps.run(contract, *args)
             torch.cuda.synchronize()
             times = []
-            for _ in range(10):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                step()
-                b.record()
+            for _ in range(20):
+                t0 = time.perf_counter()
+                steps.run(contract, *args)
                 torch.cuda.synchronize()
-                times.append(a.elapsed_time(b))
-        t = sorted(times)[len(times) // 2]
-        shape = f"qwen3-0.6b decode step B={batch} ctx={ctx}"
-        rec.add("engine_step", impl, shape, "ms", t)
-        rec.add("engine_step", impl, shape, "fraction_of_hbm_limit", (weight_bytes + kv_bytes) / HBM_BYTES_PER_S / (t / 1e3))
+                times.append((time.perf_counter() - t0) * 1e3)
+            t = sorted(times)[len(times) // 2]
+            rec.add("engine_step", impl, f"{shape} {mode}", "ms", t)
+            rec.add("engine_step", impl, f"{shape} {mode}", "fraction_of_hbm_limit",
+                    (weight_bytes + kv_bytes) / HBM_BYTES_PER_S / (t / 1e3))
     rec.add("engine_step", "bytes", shape, "GB_read", (weight_bytes + kv_bytes) / 1e9)
 
 

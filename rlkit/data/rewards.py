@@ -42,4 +42,11 @@ def arith_reward(response: str, answer: str) -> float:
     return float(bool(m) and _normalize(m.group(0)) == _normalize(answer))
 
 
+def ascii_share(response: str) -> float:
+    """A shaping term, not a task reward: the share of the response's characters that are ASCII, a
+    language-consistency reward for English prompts (in the spirit of DeepSeek-R1's: the share of the
+    chain of thought in the prompt's language). 0.0 for an empty response. RunConfig.shaping weighs it."""
+    return sum(c < "\x80" for c in response) / len(response) if response else 0.0
+
+
 REWARDS = {"dapo": dapo_reward, "gsm8k": gsm8k_reward, "arith": arith_reward}

@@ -17,6 +17,8 @@ from typing import Any, Callable
 import torch
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", **{k: k for k in _DTYPES}}
+"""Short names the CLI accepts -> the config's dtype names."""
 
 
 def data_dir() -> Path:

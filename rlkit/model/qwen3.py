@@ -27,6 +27,7 @@ from rlkit import ops
 from rlkit.kernels.attention import AttentionLayout
 from rlkit.kernels.logprob import SamplingParams
 from rlkit.model.config import Qwen3Config
+from rlkit.model.parallel import TensorParallel, shard_state_dict
 
 
 class KVCache(Protocol):
@@ -45,6 +46,7 @@ class ForwardBatch:
     kv_cache: KVCache | None = None
     slot_mapping: torch.Tensor | None = None  # [T] flat cache slot of each token's K/V
     seq_ids: list[str] | None = None  # one name per sequence in layout order (activation capture uses it)
+    max_position: int | None = None  # a bound on positions known to the caller (no host read: CUDA graphs)
 
     @classmethod
     def packed(cls, sequences: list[torch.Tensor], seq_ids: list[str] | None = None) -> "ForwardBatch":
@@ -70,12 +72,18 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype):
+    """y = x @ weight.T; with `reduce_over` (a row-parallel shard) summed over the tensor-parallel group."""
+
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype,
+                 reduce_over: TensorParallel | None = None):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+        self.reduce_over = reduce_over if reduce_over is not None and reduce_over.size > 1 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, self.weight)
+        if self.reduce_over is None:
+            return ops.linear(x, self.weight)
+        return ops.linear(x, self.weight, tp_group=self.reduce_over.group, tp_size=self.reduce_over.size)
 
 
 class Rope(nn.Module):
@@ -83,8 +91,8 @@ class Rope(nn.Module):
         super().__init__()
         self.theta = theta
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return ops.rope(x, positions, self.theta)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, max_position: int | None = None) -> torch.Tensor:
+        return ops.rope(x, positions, self.theta, max_position)
 
 
 class AttentionCore(nn.Module):
@@ -99,15 +107,15 @@ class SwiGLU(nn.Module):
 
 # -- blocks ---------------------------------------------------------------------------------------
 class Qwen3Attention(nn.Module):
-    def __init__(self, cfg: Qwen3Config, layer_index: int):
+    def __init__(self, cfg: Qwen3Config, layer_index: int, tp: TensorParallel):
         super().__init__()
         dt, h, d = cfg.torch_dtype, cfg.hidden_size, cfg.head_dim
         self.layer_index = layer_index
-        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.heads, self.kv_heads, self.head_dim = tp.q_heads(cfg), tp.kv_heads(cfg), d  # this rank's
         self.q_proj = Linear(h, self.heads * d, dt)
         self.k_proj = Linear(h, self.kv_heads * d, dt)
         self.v_proj = Linear(h, self.kv_heads * d, dt)
-        self.o_proj = Linear(self.heads * d, h, dt)
+        self.o_proj = Linear(self.heads * d, h, dt, reduce_over=tp)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dt)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dt)
         self.q_rope = Rope(cfg.rope_theta)
@@ -119,8 +127,8 @@ class Qwen3Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(t, self.heads, self.head_dim))      # [T, H, D]
         k = self.k_norm(self.k_proj(x).view(t, self.kv_heads, self.head_dim))   # [T, G, D]
         v = self.v_proj(x).view(t, self.kv_heads, self.head_dim)                # [T, G, D]
-        q = self.q_rope(q, batch.positions)
-        k = self.k_rope(k, batch.positions)
+        q = self.q_rope(q, batch.positions, batch.max_position)
+        k = self.k_rope(k, batch.positions, batch.max_position)
         if batch.kv_cache is not None:
             batch.kv_cache.write(self.layer_index, batch.slot_mapping, k, v)
             k, v = batch.kv_cache.layer(self.layer_index)                        # [pages, page, G, D]
@@ -129,12 +137,12 @@ class Qwen3Attention(nn.Module):
 
 
 class Qwen3MLP(nn.Module):
-    def __init__(self, cfg: Qwen3Config):
+    def __init__(self, cfg: Qwen3Config, tp: TensorParallel):
         super().__init__()
-        dt, h, i = cfg.torch_dtype, cfg.hidden_size, cfg.intermediate_size
+        dt, h, i = cfg.torch_dtype, cfg.hidden_size, tp.intermediate(cfg)
         self.gate_proj = Linear(h, i, dt)
         self.up_proj = Linear(h, i, dt)
-        self.down_proj = Linear(i, h, dt)
+        self.down_proj = Linear(i, h, dt, reduce_over=tp)
         self.act = SwiGLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -142,13 +150,13 @@ class Qwen3MLP(nn.Module):
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen3Config, layer_index: int):
+    def __init__(self, cfg: Qwen3Config, layer_index: int, tp: TensorParallel):
         super().__init__()
         dt = cfg.torch_dtype
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
-        self.self_attn = Qwen3Attention(cfg, layer_index)
+        self.self_attn = Qwen3Attention(cfg, layer_index, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dt)
-        self.mlp = Qwen3MLP(cfg)
+        self.mlp = Qwen3MLP(cfg, tp)
 
     def forward(self, hidden, residual, batch: ForwardBatch):
         if residual is None:  # first layer: the embedding is the residual stream
@@ -162,10 +170,10 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, cfg: Qwen3Config):
+    def __init__(self, cfg: Qwen3Config, tp: TensorParallel):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=cfg.torch_dtype)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, i, tp) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.torch_dtype)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -177,12 +185,17 @@ class Qwen3Model(nn.Module):
 
 
 class Qwen3ForCausalLM(nn.Module):
-    """The causal LM: `forward` gives final hidden states; `logprobs` the strict/native token logprobs."""
+    """The causal LM: `forward` gives final hidden states; `logprobs` the strict/native token logprobs.
+    With `tp` (rlkit/model/parallel.py) the module is one tensor-parallel rank's shard; its parameter
+    names are the whole model's, its shapes the shard's."""
 
-    def __init__(self, cfg: Qwen3Config):
+    def __init__(self, cfg: Qwen3Config, tp: TensorParallel | None = None):
         super().__init__()
         self.config = cfg
-        self.model = Qwen3Model(cfg)
+        self.tp = tp if tp is not None and tp.size > 1 else None
+        tp = tp or TensorParallel()
+        tp.check(cfg)
+        self.model = Qwen3Model(cfg, tp)
         if not cfg.tie_word_embeddings:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, cfg.torch_dtype)
 
@@ -191,6 +204,15 @@ class Qwen3ForCausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             return self.model.embed_tokens.weight
         return self.lm_head.weight
+
+    @property
+    def kv_heads(self) -> int:
+        """KV heads this module holds (all of them unless it is a tensor-parallel shard)."""
+        return self.model.layers[0].self_attn.kv_heads if len(self.model.layers) else self.config.num_key_value_heads
+
+    def shard(self, full_state_dict) -> dict[str, torch.Tensor]:
+        """This module's slices of a whole-model state dict (the dict itself when not sharded)."""
+        return dict(full_state_dict) if self.tp is None else shard_state_dict(full_state_dict, self.config, self.tp)
 
     @property
     def device(self) -> torch.device:
@@ -209,7 +231,12 @@ class Qwen3ForCausalLM(nn.Module):
     @torch.no_grad()
     def init_weights(self, seed: int) -> "Qwen3ForCausalLM":
         """Seeded random init, identical on every machine: drawn in fp32 on the CPU in parameter-name
-        order, then cast. Linear and embedding weights ~ N(0, initializer_range); norms = 1."""
+        order, then cast. Linear and embedding weights ~ N(0, initializer_range); norms = 1. A
+        tensor-parallel shard draws the whole model's weights and keeps its slices."""
+        if self.tp is not None:
+            whole = Qwen3ForCausalLM(self.config).init_weights(seed)
+            self.load_state_dict(self.shard(whole.state_dict()))
+            return self
         g = torch.Generator().manual_seed(seed)
         std = self.config.initializer_range
         for name, p in sorted(self.named_parameters(), key=lambda kv: kv[0]):
@@ -220,6 +247,22 @@ class Qwen3ForCausalLM(nn.Module):
         return self
 
 
-def build_model(cfg: Qwen3Config, seed: int = 0, device: str | torch.device = "cpu") -> Qwen3ForCausalLM:
-    """A Qwen3 with seeded random weights on `device`."""
-    return Qwen3ForCausalLM(cfg).init_weights(seed).to(device)
+@torch.no_grad()
+def init_weights_on_device(model: Qwen3ForCausalLM, seed: int) -> Qwen3ForCausalLM:
+    """Seeded random init drawn where the model lives, in parameter-name order (N(0, initializer_range),
+    norms 1): seconds for billions of parameters on a GPU, where `init_weights` draws on the CPU. The
+    values depend on the device type's generator, so they are not those of `init_weights`."""
+    g = torch.Generator(device=model.device).manual_seed(seed)
+    std = model.config.initializer_range
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.copy_(torch.randn(p.shape, generator=g, device=p.device).mul_(std).to(p.dtype))
+    return model
+
+
+def build_model(cfg: Qwen3Config, seed: int = 0, device: str | torch.device = "cpu",
+                tp: TensorParallel | None = None) -> Qwen3ForCausalLM:
+    """A Qwen3 with seeded random weights on `device` (with `tp`: this rank's shard of it)."""
+    return Qwen3ForCausalLM(cfg, tp).init_weights(seed).to(device)

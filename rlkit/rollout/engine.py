@@ -33,6 +33,7 @@ from rlkit.contract import NumericsContract
 from rlkit.kernels.attention import AttentionLayout
 from rlkit.model.checkpoint import weights_checksum
 from rlkit.model.qwen3 import ForwardBatch, Qwen3ForCausalLM
+from rlkit.rollout.decode_graphs import DecodeGraphs
 from rlkit.rollout.kv_cache import PagedKVCache
 from rlkit.rollout.sampling import request_generator, sample_tokens
 from rlkit.rollout.types import GenerationRequest, GenerationResult
@@ -49,6 +50,9 @@ class EngineConfig:
     """Tokens per forward: decodes plus prefill chunks (a longer prompt is prefilled in chunks)."""
     max_model_len: int = 2048
     """Prompt + generated tokens per sequence."""
+    cuda_graphs: bool = True
+    """On a CUDA device, replay decode steps from CUDA graphs (rlkit/rollout/decode_graphs.py); the
+    bits are those of eager decode. Ignored on the CPU."""
 
     def __post_init__(self) -> None:
         for name in ("page_size", "num_pages", "max_num_seqs", "max_batch_tokens", "max_model_len"):
@@ -86,7 +90,11 @@ class EmbeddedEngine:
         self.weight_version = weight_version
         cfg = model.config
         self.cache = PagedKVCache(cfg.num_hidden_layers, self.config.num_pages, self.config.page_size,
-                                  cfg.num_key_value_heads, cfg.head_dim, cfg.torch_dtype, model.device)
+                                  model.kv_heads, cfg.head_dim, cfg.torch_dtype, model.device)
+        self.graphs = None
+        if self.config.cuda_graphs and model.device.type == "cuda":
+            self.graphs = DecodeGraphs(model, self.cache, self.config.max_num_seqs, self.config.max_model_len)
+        self._hookable = list(model.modules())
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._finished: list[_Sequence] = []
@@ -163,12 +171,30 @@ class EmbeddedEngine:
             slots.extend(seq.pages[p // ps] * ps + p % ps for p in pos)
         width = max(len(s.pages) for s, _ in plan)
         table = torch.tensor([s.pages + [0] * (width - len(s.pages)) for s, _ in plan], device=dev)
-        layout = AttentionLayout.paged(torch.tensor([t for _, t in plan], device=dev),
-                                       torch.tensor([s.computed + t for s, t in plan], device=dev), table)
+        context = torch.tensor([s.computed + t for s, t in plan], device=dev)
+        if all(take == 1 for _, take in plan):
+            layout = AttentionLayout.paged_decode(context, table)
+        else:
+            layout = AttentionLayout.paged(torch.tensor([t for _, t in plan], device=dev), context, table)
         batch = ForwardBatch(torch.tensor(ids, device=dev), torch.tensor(positions, device=dev), layout,
                              self.cache, torch.tensor(slots, device=dev),
                              seq_ids=[s.request.request_id for s, _ in plan])
         return self.model(batch)
+
+    def _graph_logits(self, plan: list[tuple[_Sequence, int]]) -> torch.Tensor | None:
+        """Logits of a decode step replayed from a CUDA graph, or None where the step must run eagerly:
+        no graphs (CPU), a prefill chunk or a scored sequence in the batch, or forward hooks on the
+        model (the divergence locator captures activations by module)."""
+        if self.graphs is None or any(take != 1 or s.pending != 1 or s.score_logprobs is not None
+                                      for s, take in plan):
+            return None
+        if any(m._forward_hooks for m in self._hookable):
+            return None
+        ps = self.config.page_size
+        positions = [s.computed for s, _ in plan]
+        return self.graphs.run(self.contract, [s.tokens[s.computed] for s, _ in plan], positions,
+                               [s.pages[p // ps] * ps + p % ps for (s, _), p in zip(plan, positions)],
+                               [p + 1 for p in positions], [s.pages for s, _ in plan])
 
     @torch.no_grad()
     def step(self) -> list[GenerationResult]:
@@ -177,12 +203,17 @@ class EmbeddedEngine:
         plan = self._plan()
         if plan:
             with ops.use_contract(self.contract):
-                hidden = self._forward(plan)
-                self._after_forward(plan, hidden)
+                logits = self._graph_logits(plan)
+                if logits is not None:
+                    self._after_forward(plan, None, logits)
+                else:
+                    self._after_forward(plan, self._forward(plan))
         done, self._finished = self._finished, []
         return [s.result for s in done]
 
-    def _after_forward(self, plan, hidden: torch.Tensor) -> None:
+    def _after_forward(self, plan, hidden: torch.Tensor | None, step_logits: torch.Tensor | None = None) -> None:
+        """`hidden`: the forward's final hidden states, one row per token of the plan; or `step_logits`
+        (a graph-replayed decode step): the fp32 logits of every row, one row per sequence."""
         row, sample_rows, samplers = 0, [], []
         for seq, take in plan:
             if seq.score_logprobs is not None:
@@ -201,7 +232,10 @@ class EmbeddedEngine:
                     samplers.append(seq)
         if not samplers:
             return
-        logits = self.model.logits(hidden[sample_rows])  # [n, vocab] fp32
+        if step_logits is not None:  # decode step: row i is sequence i, and every one samples
+            logits = step_logits
+        else:
+            logits = self.model.logits(hidden[sample_rows])  # [n, vocab] fp32
         tokens = self._choose_tokens(samplers, logits)
         tok = torch.tensor(tokens, device=logits.device)
         # logprobs of the chosen tokens, for all rows at once (rows are independent under the contract)
@@ -320,7 +354,9 @@ class EmbeddedEngine:
     # -- weights and contract -----------------------------------------------------------------------
     @torch.no_grad()
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> str:
-        """Copy new weights in place (between steps) and return the checksum of what is now loaded."""
+        """Copy new weights in place (between steps) and return the checksum of what is now loaded. A
+        tensor-parallel engine takes the whole model's state dict, loads its shard and checksums that."""
+        state_dict = self.model.shard(state_dict)
         params = dict(self.model.state_dict())
         unknown = sorted(set(state_dict) - set(params))
         missing = sorted(set(params) - set(state_dict))

@@ -35,10 +35,14 @@ class BlockAllocator:
 
 
 class PagedKVCache:
+    """`num_pages` pages for sequences, plus one scratch page (`scratch_page`) the allocator never hands
+    out: the padding rows of a CUDA-graph decode batch write and read only there."""
+
     def __init__(self, num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu"):
-        shape = (num_pages, page_size, kv_heads, head_dim)
+        shape = (num_pages + 1, page_size, kv_heads, head_dim)
         self.page_size = page_size
+        self.scratch_page = num_pages
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.allocator = BlockAllocator(num_pages)

@@ -409,6 +409,38 @@ class RunStore:
                 c.execute(f"DELETE FROM {table} WHERE {column} > ?", (step,))
             c.execute("UPDATE toggle_requests SET applied_step = NULL WHERE applied_step > ?", (step,))
 
+    def token_steps_every(self) -> int:
+        """1, or k where this store is an `export` that kept per-token data of every k-th step only."""
+        rows = self._rows("SELECT value FROM meta WHERE key = 'token_steps_every'")
+        return int(rows[0][0]) if rows else 1
+
+    def export(self, dst_dir: str | os.PathLike, token_steps_every: int = 1) -> Path:
+        """Copy the run to `dst_dir` (a new run folder the dashboard opens), keeping every step summary,
+        version, sync and toggle, and the per-token records and recomputes of every
+        `token_steps_every`-th step only (1: all of them). For bringing a long run back through a
+        size-limited channel; the copy's meta says what was kept. Returns the copy's run.sqlite."""
+        if token_steps_every < 1:
+            raise ValueError("token_steps_every must be >= 1")
+        dst = Path(dst_dir)
+        dst.mkdir(parents=True, exist_ok=True)
+        path = dst / DB_NAME
+        if path.exists():
+            raise StoreError(f"{path} exists; export into a new folder")
+        copy = sqlite3.connect(path)
+        try:
+            with self._lock:
+                self._conn.backup(copy)
+            if token_steps_every > 1:
+                for table in ("records", "recomputes"):
+                    copy.execute(f"DELETE FROM {table} WHERE step % ? != 0", (token_steps_every,))
+                copy.execute("INSERT OR REPLACE INTO meta VALUES ('token_steps_every', ?)", (str(token_steps_every),))
+            copy.execute("DELETE FROM checkpoints")  # the checkpoint files do not travel with the copy
+            copy.commit()
+            copy.execute("VACUUM")
+        finally:
+            copy.close()
+        return path
+
     # -- toggle requests ------------------------------------------------------------------------
     def request_toggle(self, op: str, path: str, source: str) -> int:
         """Ask the run to switch `op` to `path` at its next step boundary; returns the request id."""

@@ -162,11 +162,18 @@ def test_heatmap_opens_for_a_chosen_sample(page, live):
     wait_for("the records table", lambda: tables.nth(0).locator(".tabulator-row").count() == len(records))
     wait_for("the token table", lambda: tables.nth(1).locator(".tabulator-row").count() == chosen.n_tokens)
     # hover the chosen sample's first token: token text, both logprobs
-    drag = heatmap.locator(".nsewdrag").first
-    box = drag.bounding_box()
-    width = heatmap.evaluate("gd => gd.data[0].z[0].length")
-    drag.hover(position={"x": box["width"] / (2 * width), "y": box["height"] * 2.5 / 4})  # row 2, position 0
     hover = heatmap.locator(".hoverlayer")
-    wait_for("the heatmap hover", lambda: "rollout logprob" in (hover.text_content() or ""))
+
+    def hovered() -> bool:
+        # hover again on every try: a poll that re-renders the figure clears a hover label that the
+        # mouse, standing still, would not bring back
+        page.mouse.move(0, 0)
+        drag = heatmap.locator(".nsewdrag").first
+        box = drag.bounding_box()
+        width = heatmap.evaluate("gd => gd.data[0].z[0].length")
+        drag.hover(position={"x": box["width"] / (2 * width), "y": box["height"] * 2.5 / 4})  # row 2, position 0
+        return "rollout logprob" in (hover.text_content() or "")
+
+    wait_for("the heatmap hover", hovered, every=1.0)
     text = hover.text_content()
     assert f"{chosen.record_id} · position 0" in text and "trainer logprob" in text

@@ -272,8 +272,9 @@ def test_toggle_requests_reach_the_store_from_a_second_writer(fake_run):
 
 
 def test_replays_the_run_brought_back_from_the_h200(tmp_path):
-    """The committed H200 validation store (qwen3-0.6b shape, 64 samples x 512 tokens per step) replays like
-    any run; copied first, so reading it leaves nothing beside the committed file."""
+    """The committed H200 validation store (qwen3-0.6b shape, 16 samples x 512 tokens a step, per-token
+    records of every second step) replays like any run; a step without per-token records says why.
+    Copied first, so reading it leaves nothing beside the committed file."""
     import shutil
 
     from tests.conftest import REPO
@@ -286,8 +287,10 @@ def test_replays_the_run_brought_back_from_the_h200(tmp_path):
     run = state.current
     assert run.n_steps == len(summaries) > 0 and run.config["preset"] == "qwen3-0.6b"
     assert list(run.steps["mismatch_count"]) == [s.mismatch_count for s in summaries]
-    assert state.step == summaries[-1].step
-    hm, last = state.heatmap, run.records[run.records["step"] == state.step]
-    assert hm.shape == (len(last), int(last["n_tokens"].max()))
-    assert int(hm.mismatch.sum()) == summaries[-1].mismatch_count
+    assert state.step == summaries[-1].step == 199
+    assert state.heatmap.shape[0] == 0 and "one step in 2" in state.heatmap.note
+    state.select_step(198)
+    hm, kept = state.heatmap, run.records[run.records["step"] == 198]
+    assert hm.note == "" and hm.shape == (len(kept), int(kept["n_tokens"].max())) == (16, 512)
+    assert int(hm.mismatch.sum()) == summaries[198].mismatch_count == 0
     state.close()

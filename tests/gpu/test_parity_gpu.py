@@ -15,7 +15,7 @@ import torch
 from rlkit import NumericsContract
 from rlkit.bitwise import compare
 from rlkit.model.config import Qwen3Config
-from rlkit.model.qwen3 import Qwen3ForCausalLM
+from rlkit.model.qwen3 import Qwen3ForCausalLM, init_weights_on_device
 from rlkit.rollout.engine import EmbeddedEngine, EngineConfig
 from rlkit.train.recompute import response_logprobs
 
@@ -37,14 +37,7 @@ def gpu_model(name: str, seed: int = 0) -> Qwen3ForCausalLM:
     cfg = Qwen3Config(head_dim=128, name=name, **SHAPES[name])
     with torch.device("cuda"):
         model = Qwen3ForCausalLM(cfg)
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    with torch.no_grad():
-        for pname, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            if pname.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g, device="cuda").mul_(0.02).to(p.dtype))
-    return model.eval()
+    return init_weights_on_device(model, seed).eval()
 
 
 def chain(model, contract):

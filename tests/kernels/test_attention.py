@@ -121,6 +121,31 @@ def test_native_decode_differs_from_native_prefill():
     assert report.differing > 0
 
 
+@pytest.mark.parametrize("contract", [SMALL, DEFAULT])
+def test_decode_layout_equals_the_general_paged_layout(contract):
+    """AttentionLayout.paged_decode (what the engine's decode steps and CUDA graphs use: sized by the
+    block table, no host read) gives the bits of AttentionLayout.paged with one query a sequence; the
+    native batched decode over a NaN-filled cache stays finite and close to native per-sequence SDPA."""
+    g = torch.Generator().manual_seed(4)
+    seqs = [seq(n, torch.float32, g) for n in (3, 70, 129)]
+    cache = PagedCache(pages=64, dtype=torch.float32)
+    for i, (_, k, v) in enumerate(seqs):
+        cache.write(i, 0, k, v)
+    q = torch.cat([s[0][-1:] for s in seqs])
+    ctx = torch.tensor([len(s[0]) for s in seqs])
+    table = cache.block_table([0, 1, 2])
+    table = torch.cat([table, torch.zeros(3, 2, dtype=table.dtype)], 1)  # wider than any context needs
+    general = AttentionLayout.paged(torch.ones(3, dtype=torch.int64), ctx, table)
+    decode = AttentionLayout.paged_decode(ctx, table)
+    assert_bitwise_equal(attention.reference(q, cache.k, cache.v, decode, contract),
+                         attention.reference(q, cache.k, cache.v, general, contract), "decode vs paged layout")
+    batched = attention.native(q, cache.k, cache.v, decode)
+    per_seq = attention.native(q, cache.k, cache.v, general)
+    assert torch.isfinite(batched).all() and rel_err(batched, per_seq) < REL_TOL[torch.float32]
+    with pytest.raises(OpInputError, match="one query per sequence"):
+        attention.reference(torch.cat([q, q[:1]]), cache.k, cache.v, decode, contract)
+
+
 def test_bad_inputs():
     q, k, v = seq(10)
     with pytest.raises(OpInputError, match="cu_seqlens_q"):

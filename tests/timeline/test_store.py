@@ -214,3 +214,21 @@ def test_checkpoint_refs_and_truncate_for_resume(store):
     commit(store, 1)
     assert [s.step for s in follower.poll()] == [1], "a redone step is news to a follower"
     assert_step_complete(store, 1)
+
+
+def test_export_keeps_every_step_and_the_token_data_of_sampled_steps(store, tmp_path):
+    for step in range(6):
+        commit(store, step)
+    copy_path = store.export(tmp_path / "small", token_steps_every=3)
+    small = RunStore.open(copy_path.parent, readonly=True)
+    assert [s.step for s in small.steps()] == list(range(6))
+    assert [v.version for v in small.versions()] == [v.version for v in store.versions()]
+    for step in range(6):
+        kept = step % 3 == 0
+        assert (len(small.records(step)) > 0) == kept and (len(small.recomputes(step)) > 0) == kept, step
+    assert_step_complete(small, 3)
+    assert small._conn.execute("SELECT value FROM meta WHERE key = 'token_steps_every'").fetchone()[0] == "3"
+    full = store.export(tmp_path / "full")
+    assert_step_complete(RunStore.open(full.parent, readonly=True), 5)
+    with pytest.raises(StoreError, match="exists"):
+        store.export(tmp_path / "full")

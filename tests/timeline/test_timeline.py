@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from rlkit.bitwise import _differs
+from rlkit.bitwise import differs
 from rlkit.divergence import logprob_divergence
 from rlkit.timeline import RunStore, StoreError, SyncEvent, Timeline, ToggleEvent
 from rlkit.timeline.timeline import mismatches
@@ -33,7 +33,7 @@ def test_the_mismatch_rule_is_rlkit_bitwise():
     a = np.array([0.0, -0.0, np.nan, np.nan, np.inf, -np.inf, 1.0, 1.0], dtype=np.float32)
     b = np.array([-0.0, -0.0, np.nan, 1.0, np.inf, np.inf, np.nextafter(np.float32(1), np.float32(2)), 1.0],
                  dtype=np.float32)
-    expected = _differs(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    expected = differs(torch.from_numpy(a), torch.from_numpy(b)).numpy()
     assert mismatches(a, b).tolist() == expected.tolist() == [True, False, False, True, False, True, True, False]
 
 
@@ -85,7 +85,7 @@ def test_tokens_of_one_record(run_dir):
     assert df["token_id"].tolist() == rec.token_ids
     assert (df["rollout_lp"].to_numpy().view(np.uint32) == rec.logprobs_array().view(np.uint32)).all()
     assert (df["trainer_lp"].to_numpy().view(np.uint32) == rc.logprobs_array().view(np.uint32)).all()
-    assert df["mismatch"].sum() == _differs(torch.tensor(rec.rollout_logprobs), torch.tensor(rc.trainer_logprobs)).sum()
+    assert df["mismatch"].sum() == differs(torch.tensor(rec.rollout_logprobs), torch.tensor(rc.trainer_logprobs)).sum()
     no_recompute = tl.tokens(2, make_step(2).records[-1].record_id)
     assert no_recompute["trainer_lp"].isna().all() and not no_recompute["mismatch"].any()
     with pytest.raises(StoreError, match="belongs to step 1, not step 0"):

@@ -51,7 +51,7 @@ from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from rlkit import ops
-from rlkit.bitwise import _differs
+from rlkit.bitwise import differs
 from rlkit.contract import NumericsContract
 from rlkit.kernels import collectives
 from rlkit.kernels.logprob import SamplingParams
@@ -364,10 +364,10 @@ class MegatronTrainer:
                 loss, stats = policy_loss(new, old, adv, mask, self.config.optim.clip_low, self.config.optim.clip_high)
                 loss.backward()
                 flat = new.detach()
-                differs = _differs(flat.cpu(), old.cpu())
+                diff_mask = differs(flat.cpu(), old.cpu())
                 delta = (flat.double().cpu() - old.double().cpu()).abs()
                 stats_vec = torch.tensor([float(loss.detach()), stats["clip_fraction"], stats["ratio_mean"],
-                                          float(mask.sum()), float(new.numel()), float(differs.sum()),
+                                          float(mask.sum()), float(new.numel()), float(diff_mask.sum()),
                                           float(delta.max()) if delta.numel() else 0.0],
                                          dtype=torch.float32, device=self.device)
             self._pipeline_backward(keep)
