@@ -54,6 +54,9 @@ class RunConfig:
     trainer: str = "embedded"
     """embedded (rlkit's Qwen3 + AdamW) | megatron (Megatron-core GPTModel with rlkit's strict spec, TP 1)"""
     engines: int = 1
+    rollout_tp: int = 1
+    """Tensor-parallel ranks of each rollout engine (runner "ray": one actor per rank, in their own
+    process group; rlkit/model/parallel.py). The trainer's layout is its own (`trainer`)."""
     checkpoint_every: int = 1
     """Save the trainer's state every this many steps, at the last step, and at the step a stop request
     ends the run on (0: never; a run without checkpoints cannot resume). A resumed run redoes the steps
@@ -80,7 +83,9 @@ class RunConfig:
             problems.append(f"trainer={self.trainer!r} (embedded | megatron)")
         if self.dtype not in ("bfloat16", "float32"):
             problems.append(f"dtype={self.dtype!r} (bfloat16 | float32)")
-        for name in ("steps", "prompts_per_step", "samples_per_prompt", "engines"):
+        if self.rollout_tp > 1 and self.runner != "ray":
+            problems.append(f"rollout_tp={self.rollout_tp} needs runner='ray' (one process per rank)")
+        for name in ("steps", "prompts_per_step", "samples_per_prompt", "engines", "rollout_tp"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         for name in ("max_tokens", "staleness", "warm_start_steps", "locate_every", "threads", "seed",

@@ -7,6 +7,13 @@ acknowledged) and resubmits that engine's requests. Generation is a pure functio
 request), so the retried requests yield the same records, and results are collected once per request
 id: nothing is lost or duplicated.
 
+Tensor-parallel engines (`RunConfig.rollout_tp` > 1): an engine is `rollout_tp` actors, one per rank,
+joined in their own process group (gloo on the CPU, NCCL on GPUs) and holding their shards of the model
+(rlkit/model/parallel.py). Every call goes to all ranks of the engine (they meet in collectives); the
+records come from rank 0, and the runner checks that every rank sampled the same tokens. A weight sync's
+acknowledged checksum is that of the whole model rebuilt from the ranks' loaded shards, so it compares
+with the trainer's. A rank that dies fails the step with a clear error: a TP engine is not restarted.
+
 With the same seed and `threads`, records are bitwise identical to the LocalRunner's (tests/runners).
 """
 
@@ -25,6 +32,14 @@ from rlkit.rollout.types import GenerationRequest, GenerationResult
 from rlkit.runners.base import engine_copy, split_requests, sync_event
 from rlkit.timeline.records import SyncEvent
 from rlkit.train.trainer import TrainBatch
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _ray():
@@ -60,12 +75,26 @@ class _TrainerActor:
 
 
 class _RolloutActor:
-    def __init__(self, cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract, engine_id: str):
+    def __init__(self, cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract, engine_id: str,
+                 tp_rank: int = 0, tp_port: int = 0):
         from rlkit.rollout.engine import EmbeddedEngine
 
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.engine = EmbeddedEngine(engine_copy(model), contract, cfg.engine, engine_id=engine_id)
+        self.tp_size, self.tp_rank = cfg.rollout_tp, tp_rank
+        if self.tp_size > 1:
+            import torch.distributed as dist
+
+            from rlkit.model.parallel import TensorParallel
+
+            dist.init_process_group("nccl" if cfg.device.startswith("cuda") else "gloo",
+                                    init_method=f"tcp://127.0.0.1:{tp_port}", rank=tp_rank, world_size=self.tp_size)
+            shard = Qwen3ForCausalLM(model.config, TensorParallel(self.tp_size, tp_rank, dist.group.WORLD))
+            shard.load_state_dict(shard.shard(model.state_dict()))
+            model = shard.to(model.device)
+        else:
+            model = engine_copy(model)
+        self.engine = EmbeddedEngine(model, contract, cfg.engine, engine_id=engine_id)
 
     def pid(self) -> int:
         return os.getpid()
@@ -74,7 +103,19 @@ class _RolloutActor:
         return self.engine.generate(requests)
 
     def load_weights(self, state_dict, version):
-        return self.engine.load_weights(state_dict, version)
+        acked = self.engine.load_weights(state_dict, version)
+        if self.tp_size == 1:
+            return acked
+        # the whole model rebuilt from what every rank loaded, checksummed on rank 0
+        import torch.distributed as dist
+
+        from rlkit.model.checkpoint import weights_checksum
+        from rlkit.model.parallel import unshard_state_dicts
+
+        mine = {k: v.detach().cpu() for k, v in self.engine.model.state_dict().items()}
+        parts = [None] * self.tp_size if self.tp_rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+        return weights_checksum(unshard_state_dicts(parts, self.engine.model.config)) if self.tp_rank == 0 else None
 
     def set_contract(self, contract):
         self.engine.set_contract(contract)
@@ -96,15 +137,20 @@ class RayRunner:
         self.cfg = cfg
         self.contract = contract
         gpus = 1 if cfg.device.startswith("cuda") else 0
+        tp = cfg.rollout_tp
         trainer_cls = ray.remote(num_cpus=num_cpus_per_actor, num_gpus=gpus)(_TrainerActor)
-        rollout_cls = ray.remote(num_cpus=num_cpus_per_actor, num_gpus=gpus, max_restarts=3,
+        rollout_cls = ray.remote(num_cpus=num_cpus_per_actor, num_gpus=gpus, max_restarts=3 if tp == 1 else 0,
                                  max_task_retries=0)(_RolloutActor)
         # Kept referenced for the runner's lifetime: Ray restarts a dead actor from its constructor
         # arguments, which must still be in the object store then.
         self._model_ref = model_ref = ray.put(model)
         self.trainer = trainer_cls.remote(cfg, model_ref, contract)
         self.engine_ids = [f"engine-{i}" for i in range(cfg.engines)]
-        self.engines = [rollout_cls.remote(cfg, model_ref, contract, eid) for eid in self.engine_ids]
+        self.groups = []  # the actors of each engine, rank 0 first
+        for eid in self.engine_ids:
+            port = _free_port() if tp > 1 else 0
+            self.groups.append([rollout_cls.remote(cfg, model_ref, contract, eid, r, port) for r in range(tp)])
+        self.engines = [g[0] for g in self.groups]
         self._version = 0
         self._weights_ref = None
         self._checksum = ""
@@ -129,9 +175,37 @@ class RayRunner:
                 time.sleep(0.5)
         raise RuntimeError("a rollout actor did not come back after a restart")
 
+    def _group_get(self, i: int, refs: list) -> list:
+        """ray.get of one call on every rank of engine i, in rank order; for a tensor-parallel engine, a
+        clear error when a rank is gone (its ranks cannot go on without it)."""
+        if len(refs) == 1:
+            return self._get(refs)
+        try:
+            return self._get(refs)
+        except self._actor_down_errors() as exc:
+            raise RuntimeError(f"{self.engine_ids[i]}: a rank of the tensor-parallel engine is gone "
+                               f"({type(exc).__name__}); TP engines are not restarted") from None
+
+    def _generate_tp(self, parts) -> dict[str, GenerationResult]:
+        pending = {i: [a.generate.remote(part) for a in self.groups[i]] for i, part in enumerate(parts) if part}
+        results: dict[str, GenerationResult] = {}
+        for i, refs in pending.items():
+            first, *others = self._group_get(i, refs)
+            for rank, other in enumerate(others, start=1):
+                if [r.token_ids for r in other] != [r.token_ids for r in first]:
+                    raise RuntimeError(f"{self.engine_ids[i]}: rank {rank} sampled other tokens than rank 0")
+            results.update((r.request_id, r) for r in first)
+        return results
+
     def generate(self, requests: Sequence[GenerationRequest], step: int) -> list[GenerationResult]:
         ray = _ray()
         parts = split_requests(requests, self.cfg)
+        if self.cfg.rollout_tp > 1:
+            results = self._generate_tp(parts)
+            missing = [r.request_id for r in requests if r.request_id not in results]
+            if missing:
+                raise RuntimeError(f"rollout lost {len(missing)} requests, e.g. {missing[:3]}")
+            return [results[r.request_id] for r in requests]
         pending = {i: self.engines[i].generate.remote(part) for i, part in enumerate(parts) if part}
         if self._kill_engine_at and self._kill_engine_at[0] == step:
             ray.kill(self.engines[self._kill_engine_at[1]], no_restart=False)  # fault injection (tests)
@@ -175,7 +249,8 @@ class RayRunner:
 
     def sync(self, version: int, checksum: str) -> list[SyncEvent]:
         started = time.time()
-        acks = self._get([e.load_weights.remote(self._weights_ref, version) for e in self.engines])
+        refs = [[a.load_weights.remote(self._weights_ref, version) for a in g] for g in self.groups]
+        acks = [self._group_get(i, r)[0] for i, r in enumerate(refs)]  # rank 0 acknowledges for its engine
         return [sync_event(eid, version, checksum, a, started) for eid, a in zip(self.engine_ids, acks)]
 
     def take_resyncs(self) -> list[SyncEvent]:
@@ -184,11 +259,12 @@ class RayRunner:
 
     def set_contract(self, contract: NumericsContract) -> None:
         self.contract = contract
-        self._get([self.trainer.set_contract.remote(contract)] + [e.set_contract.remote(contract)
-                                                                   for e in self.engines])
+        self._get([self.trainer.set_contract.remote(contract)] + [a.set_contract.remote(contract)
+                                                                   for g in self.groups for a in g])
 
     def locate(self, seqs, plens, ids) -> dict | None:
-        return self._get(self.engines[0].locate.remote(seqs, plens, ids))
+        # every rank runs the locator's forwards (its ranks meet in collectives); rank 0 reports
+        return self._group_get(0, [a.locate.remote(seqs, plens, ids) for a in self.groups[0]])[0]
 
     def engine_pid(self, i: int) -> int:
         return self._get(self.engines[i].pid.remote())
@@ -202,5 +278,5 @@ class RayRunner:
 
     def close(self) -> None:
         ray = _ray()
-        for actor in [self.trainer, *self.engines]:
+        for actor in [self.trainer, *(a for g in self.groups for a in g)]:
             ray.kill(actor, no_restart=True)
