@@ -24,6 +24,9 @@ def add_run(sub) -> None:
     p.add_argument("--engines", type=_positive_int, default=1)
     p.add_argument("--rollout-tp", type=_positive_int, default=1,
                    help="tensor-parallel ranks of each rollout engine (needs --runner ray)")
+    p.add_argument("--trainer-tp", type=_positive_int, default=1,
+                   help="Megatron trainer's tensor-parallel ranks (needs --trainer megatron --runner ray)")
+    p.add_argument("--trainer-pp", type=_positive_int, default=1, help="Megatron trainer's pipeline stages (as above)")
     p.add_argument("--run-dir", help="a new (empty) directory for the run store")
     p.add_argument("--resume", metavar="DIR", help="continue a killed or stopped run from its last complete step")
     p.add_argument("--seed", type=_nonneg_int, default=0)
@@ -48,7 +51,7 @@ def run_config_from_args(args):
     base = lab_default() if args.task == "arith" and args.preset == "tiny" else RunConfig()
     overrides = dict(preset=args.preset, task=args.task, steps=args.steps, path=args.path, ops=ops,
                      runner=args.runner, trainer=args.trainer, engines=args.engines, rollout_tp=args.rollout_tp,
-                     seed=args.seed)
+                     trainer_tp=args.trainer_tp, trainer_pp=args.trainer_pp, seed=args.seed)
     if args.task != "arith":
         overrides["warm_start_steps"] = 0
     for name, attr in (("prompts", "prompts_per_step"), ("samples", "samples_per_prompt"),

@@ -56,7 +56,12 @@ class RunConfig:
     engines: int = 1
     rollout_tp: int = 1
     """Tensor-parallel ranks of each rollout engine (runner "ray": one actor per rank, in their own
-    process group; rlkit/model/parallel.py). The trainer's layout is its own (`trainer`)."""
+    process group; rlkit/model/parallel.py). The trainer's layout is its own (`trainer_tp`)."""
+    trainer_tp: int = 1
+    """Megatron trainer's tensor-parallel size (trainer "megatron"; > 1 needs runner "ray": one actor
+    per rank)."""
+    trainer_pp: int = 1
+    """Megatron trainer's pipeline-parallel size (as trainer_tp)."""
     checkpoint_every: int = 1
     """Save the trainer's state every this many steps, at the last step, and at the step a stop request
     ends the run on (0: never; a run without checkpoints cannot resume). A resumed run redoes the steps
@@ -85,7 +90,11 @@ class RunConfig:
             problems.append(f"dtype={self.dtype!r} (bfloat16 | float32)")
         if self.rollout_tp > 1 and self.runner != "ray":
             problems.append(f"rollout_tp={self.rollout_tp} needs runner='ray' (one process per rank)")
-        for name in ("steps", "prompts_per_step", "samples_per_prompt", "engines", "rollout_tp"):
+        if self.trainer_tp * self.trainer_pp > 1 and (self.trainer != "megatron" or self.runner != "ray"):
+            problems.append(f"trainer_tp={self.trainer_tp} x trainer_pp={self.trainer_pp} needs trainer='megatron' "
+                            f"and runner='ray' (one process per rank)")
+        for name in ("steps", "prompts_per_step", "samples_per_prompt", "engines", "rollout_tp", "trainer_tp",
+                     "trainer_pp"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         for name in ("max_tokens", "staleness", "warm_start_steps", "locate_every", "threads", "seed",

@@ -14,6 +14,7 @@ resumes (`resume=True`) from its last complete step and continues bit for bit.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -48,11 +49,20 @@ def _save_checkpoint(runner, run_dir: Path, step: int) -> Path:
     path = _checkpoint(run_dir, step)
     path.parent.mkdir(exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    runner.save(tmp)
+    _remove(tmp)  # left by a crash
+    runner.save(tmp)  # a file, or a folder of per-rank files for a multi-rank trainer
+    _remove(path)  # a crash after saving but before the commit: this step is being redone
     os.replace(tmp, path)  # a reader of the store never finds a half-written checkpoint
     for old in sorted(path.parent.glob("step-*.pt"))[:-KEEP_CHECKPOINTS]:
-        old.unlink()
+        _remove(old)
     return path
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
 
 
 def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress: bool = True,

@@ -74,13 +74,15 @@ def initial_model(cfg: RunConfig, progress: bool = False) -> Qwen3ForCausalLM:
 
 
 def make_trainer(cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract):
-    """The run's trainer: rlkit's embedded trainer, or Megatron-core's GPTModel with rlkit's spec (TP 1
-    here; TP > 1 needs one process per rank, see rlkit/train/megatron)."""
+    """The run's trainer: rlkit's embedded trainer, or Megatron-core's GPTModel with rlkit's spec at
+    (cfg.trainer_tp, cfg.trainer_pp); above 1 x 1 the caller is one of the ranks, with torch.distributed
+    initialized (the RayRunner's trainer actors)."""
     if cfg.trainer == "megatron":
         from rlkit.train.megatron import MegatronTrainConfig, MegatronTrainer
 
         return MegatronTrainer(model.config, model.state_dict(), contract,
-                               MegatronTrainConfig.from_optim(cfg.optim), device=cfg.device)
+                               MegatronTrainConfig.from_optim(cfg.optim, cfg.trainer_tp, cfg.trainer_pp),
+                               device=cfg.device)
     from rlkit.train.trainer import EmbeddedTrainer
 
     return EmbeddedTrainer(model, contract, cfg.optim)

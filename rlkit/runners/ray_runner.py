@@ -1,4 +1,4 @@
-"""RayRunner: a trainer actor and N rollout actors; weights travel through Ray's object store.
+"""RayRunner: trainer actors and rollout actors; weights travel through Ray's object store.
 
 Placement: every actor asks for `num_cpus` (1 by default) and `num_gpus` (0 on the CPU; 1 per actor
 when the run's device is CUDA). A rollout actor that dies is restarted by Ray (max_restarts); the runner
@@ -12,7 +12,9 @@ joined in their own process group (gloo on the CPU, NCCL on GPUs) and holding th
 (rlkit/model/parallel.py). Every call goes to all ranks of the engine (they meet in collectives); the
 records come from rank 0, and the runner checks that every rank sampled the same tokens. A weight sync's
 acknowledged checksum is that of the whole model rebuilt from the ranks' loaded shards, so it compares
-with the trainer's. A rank that dies fails the step with a clear error: a TP engine is not restarted.
+with the trainer's. A rank that dies fails the step with a clear error: a TP engine is not restarted. A Megatron trainer
+at TP x PP > 1 (`trainer_tp`, `trainer_pp`) is likewise one actor per rank in its own group; every call
+goes to all of them and rank 0 answers.
 
 With the same seed and `threads`, records are bitwise identical to the LocalRunner's (tests/runners).
 """
@@ -50,12 +52,23 @@ def _ray():
     return ray
 
 
+def _join_group(cfg: RunConfig, rank: int, world: int, port: int) -> None:
+    """This actor's process group: the ranks of one engine, or of the trainer."""
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if cfg.device.startswith("cuda") else "gloo",
+                            init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
 class _TrainerActor:
-    def __init__(self, cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract):
+    def __init__(self, cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract, rank: int = 0,
+                 port: int = 0):
         from rlkit.runners.base import make_trainer
 
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        if cfg.trainer_tp * cfg.trainer_pp > 1:
+            _join_group(cfg, rank, cfg.trainer_tp * cfg.trainer_pp, port)
         self.trainer = make_trainer(cfg, model, contract)
 
     def train_step(self, batch: TrainBatch):
@@ -87,8 +100,7 @@ class _RolloutActor:
 
             from rlkit.model.parallel import TensorParallel
 
-            dist.init_process_group("nccl" if cfg.device.startswith("cuda") else "gloo",
-                                    init_method=f"tcp://127.0.0.1:{tp_port}", rank=tp_rank, world_size=self.tp_size)
+            _join_group(cfg, tp_rank, self.tp_size, tp_port)
             shard = Qwen3ForCausalLM(model.config, TensorParallel(self.tp_size, tp_rank, dist.group.WORLD))
             shard.load_state_dict(shard.shard(model.state_dict()))
             model = shard.to(model.device)
@@ -144,7 +156,10 @@ class RayRunner:
         # Kept referenced for the runner's lifetime: Ray restarts a dead actor from its constructor
         # arguments, which must still be in the object store then.
         self._model_ref = model_ref = ray.put(model)
-        self.trainer = trainer_cls.remote(cfg, model_ref, contract)
+        ranks = cfg.trainer_tp * cfg.trainer_pp
+        port = _free_port() if ranks > 1 else 0
+        self.trainers = [trainer_cls.remote(cfg, model_ref, contract, r, port) for r in range(ranks)]
+        self.trainer = self.trainers[0]
         self.engine_ids = [f"engine-{i}" for i in range(cfg.engines)]
         self.groups = []  # the actors of each engine, rank 0 first
         for eid in self.engine_ids:
@@ -237,12 +252,16 @@ class RayRunner:
         self._call_restarting(lambda: engine.set_contract.remote(self.contract))
         self.resyncs.append(sync_event(self.engine_ids[i], self._version, self._checksum, acked, started))
 
+    def _trainer_call(self, call):
+        """`call(actor)` on every trainer rank (they meet in collectives); rank 0's value."""
+        return self._get([call(a) for a in self.trainers])[0]
+
     def train_step(self, batch: TrainBatch):
-        return self._get(self.trainer.train_step.remote(batch))
+        return self._trainer_call(lambda a: a.train_step.remote(batch))
 
     def publish(self, version: int) -> str:
         ray = _ray()
-        state, checksum = self._get(self.trainer.publish.remote())
+        state, checksum = self._trainer_call(lambda a: a.publish.remote())
         self._weights_ref = ray.put(state)  # one copy in the object store, read by every engine
         self._version, self._checksum = version, checksum
         return checksum
@@ -259,8 +278,8 @@ class RayRunner:
 
     def set_contract(self, contract: NumericsContract) -> None:
         self.contract = contract
-        self._get([self.trainer.set_contract.remote(contract)] + [a.set_contract.remote(contract)
-                                                                   for g in self.groups for a in g])
+        self._get([t.set_contract.remote(contract) for t in self.trainers] +
+                  [a.set_contract.remote(contract) for g in self.groups for a in g])
 
     def locate(self, seqs, plens, ids) -> dict | None:
         # every rank runs the locator's forwards (its ranks meet in collectives); rank 0 reports
@@ -269,14 +288,23 @@ class RayRunner:
     def engine_pid(self, i: int) -> int:
         return self._get(self.engines[i].pid.remote())
 
+    def _trainer_path(self, path) -> str:
+        """A one-rank trainer saves to `path`; a multi-rank one into the folder `path`, a file per rank."""
+        if len(self.trainers) == 1:
+            return str(path)
+        os.makedirs(path, exist_ok=True)
+        return os.path.join(path, "trainer")
+
     def save(self, path) -> None:
-        self._get(self.trainer.save.remote(str(path)))
+        target = self._trainer_path(path)
+        self._trainer_call(lambda a: a.save.remote(target))
 
     def load(self, path, version: int) -> list[SyncEvent]:
-        self._get(self.trainer.load.remote(str(path)))
+        target = self._trainer_path(path)
+        self._trainer_call(lambda a: a.load.remote(target))
         return self.sync(version, self.publish(version))
 
     def close(self) -> None:
         ray = _ray()
-        for actor in [self.trainer, *(a for g in self.groups for a in g)]:
+        for actor in [*self.trainers, *(a for g in self.groups for a in g)]:
             ray.kill(actor, no_restart=True)
