@@ -133,6 +133,18 @@ class ToggleHandler(_ApiHandler):
         self._reply(200, {"request_id": request_id, "run": label, "op": op, "path": path})
 
 
+def _quiet_closed_sockets(asyncio_loop, context: dict) -> None:
+    """A browser tab that closes while the server is still sending to it ends a pending write with
+    WebSocketClosedError/StreamClosedError: the normal end of a session, not an error to print a
+    traceback for. Everything else goes to asyncio's default handler."""
+    from tornado.iostream import StreamClosedError
+    from tornado.websocket import WebSocketClosedError
+
+    if isinstance(context.get("exception"), (WebSocketClosedError, StreamClosedError)):
+        return
+    asyncio_loop.default_exception_handler(context)
+
+
 def serve(run_dirs, port: int = DEFAULT_PORT, address: str = "127.0.0.1", token: str | None = None,
           period_ms: int = 1000, on_start=None, on_tick=None) -> None:
     """Serve the dashboard of `run_dirs` until Ctrl-C or SIGTERM (or until `on_tick()`, called every second,
@@ -149,6 +161,7 @@ def serve(run_dirs, port: int = DEFAULT_PORT, address: str = "127.0.0.1", token:
                       extra_patterns=[(r"/api/status", StatusHandler, api), (r"/api/toggle", ToggleHandler, api)],
                       verbose=False, location=False)
     loop = server.io_loop
+    loop.asyncio_loop.set_exception_handler(_quiet_closed_sockets)
 
     def stop(*_args) -> None:
         loop.asyncio_loop.call_soon_threadsafe(loop.stop)

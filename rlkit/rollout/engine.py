@@ -52,7 +52,8 @@ class EngineConfig:
     """Prompt + generated tokens per sequence."""
     cuda_graphs: bool = True
     """On a CUDA device, replay decode steps from CUDA graphs (rlkit/rollout/decode_graphs.py); the
-    bits are those of eager decode. Ignored on the CPU."""
+    bits are those of eager decode. Ignored on the CPU and for a tensor-parallel shard (collectives in
+    a captured graph are not validated yet)."""
 
     def __post_init__(self) -> None:
         for name in ("page_size", "num_pages", "max_num_seqs", "max_batch_tokens", "max_model_len"):
@@ -92,7 +93,7 @@ class EmbeddedEngine:
         self.cache = PagedKVCache(cfg.num_hidden_layers, self.config.num_pages, self.config.page_size,
                                   model.kv_heads, cfg.head_dim, cfg.torch_dtype, model.device)
         self.graphs = None
-        if self.config.cuda_graphs and model.device.type == "cuda":
+        if self.config.cuda_graphs and model.device.type == "cuda" and model.tp is None:
             self.graphs = DecodeGraphs(model, self.cache, self.config.max_num_seqs, self.config.max_model_len)
         self._hookable = list(model.modules())
         self._waiting: deque[_Sequence] = deque()
