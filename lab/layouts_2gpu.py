@@ -40,6 +40,7 @@ for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST
 def run_rank(rank: int, world: int, port: int, args) -> None:
     from rlkit import NumericsContract
     from rlkit.bitwise import compare
+    from rlkit.distributed import join_group
     from rlkit.model.config import Qwen3Config
     from rlkit.model.parallel import TensorParallel
     from rlkit.model.qwen3 import Qwen3ForCausalLM, init_weights_on_device
@@ -56,8 +57,7 @@ def run_rank(rank: int, world: int, port: int, args) -> None:
 
         torch.set_num_threads(1)
         dev, cfg = torch.device("cpu"), preset("tiny")
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world)
+    join_group(args.device, rank, world, port)
     with torch.device(dev):
         full = init_weights_on_device(Qwen3ForCausalLM(cfg), seed=1234).eval()
         shard = Qwen3ForCausalLM(cfg, TensorParallel(world, rank, dist.group.WORLD)).eval()
@@ -119,12 +119,9 @@ def main() -> int:
     if args.device == "cuda" and torch.cuda.device_count() < 2:
         print(f"needs 2 GPUs, found {torch.cuda.device_count()}")
         return 2
-    import socket
+    from rlkit.distributed import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(run_rank, args=(2, port, args), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(run_rank, args=(2, free_port(), args), nprocs=2, join=True, start_method="spawn")
     return 0
 
 

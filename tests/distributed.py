@@ -7,7 +7,6 @@ handed back to the test in rank order. Rank failures re-raise in the test with t
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import traceback
 
@@ -15,11 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from rlkit.distributed import free_port
 
 
 def _entry(rank, world, port, fn, args, out_dir):
@@ -39,7 +34,7 @@ def _entry(rank, world, port, fn, args, out_dir):
 def run_ranks(world: int, fn, *args):
     """fn must be a module-level function (it is pickled into spawned processes)."""
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_entry, args=(world, _free_port(), fn, args, out_dir), nprocs=world,
+        mp.start_processes(_entry, args=(world, free_port(), fn, args, out_dir), nprocs=world,
                            join=True, start_method="spawn")
         results = []
         for rank in range(world):

@@ -237,28 +237,25 @@ class Qwen3ForCausalLM(nn.Module):
             whole = Qwen3ForCausalLM(self.config).init_weights(seed)
             self.load_state_dict(self.shard(whole.state_dict()))
             return self
-        g = torch.Generator().manual_seed(seed)
-        std = self.config.initializer_range
-        for name, p in sorted(self.named_parameters(), key=lambda kv: kv[0]):
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).mul_(std).to(p.dtype))
-        return self
+        return _draw_weights(self, seed, torch.device("cpu"))
 
 
 @torch.no_grad()
 def init_weights_on_device(model: Qwen3ForCausalLM, seed: int) -> Qwen3ForCausalLM:
-    """Seeded random init drawn where the model lives, in parameter-name order (N(0, initializer_range),
-    norms 1): seconds for billions of parameters on a GPU, where `init_weights` draws on the CPU. The
+    """`init_weights`, drawn where the model lives: seconds for billions of parameters on a GPU. The
     values depend on the device type's generator, so they are not those of `init_weights`."""
-    g = torch.Generator(device=model.device).manual_seed(seed)
+    return _draw_weights(model, seed, model.device)
+
+
+def _draw_weights(model: Qwen3ForCausalLM, seed: int, device: torch.device) -> Qwen3ForCausalLM:
+    """fp32 N(0, initializer_range) draws on `device` in parameter-name order, cast; norms = 1."""
+    g = torch.Generator(device=device).manual_seed(seed)
     std = model.config.initializer_range
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
         if name.endswith("norm.weight"):
             p.fill_(1.0)
         else:
-            p.copy_(torch.randn(p.shape, generator=g, device=p.device).mul_(std).to(p.dtype))
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32, device=device).mul_(std).to(p.dtype))
     return model
 
 

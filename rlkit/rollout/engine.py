@@ -80,6 +80,10 @@ class _Sequence:
     def pending(self) -> int:
         return len(self.tokens) - self.computed
 
+    def slot(self, position: int, page_size: int) -> int:
+        """The flat KV-cache slot of this sequence's token at `position`."""
+        return self.pages[position // page_size] * page_size + position % page_size
+
 
 class EmbeddedEngine:
     def __init__(self, model: Qwen3ForCausalLM, contract: NumericsContract | None = None,
@@ -169,7 +173,7 @@ class EmbeddedEngine:
             pos = list(range(seq.computed, seq.computed + take))
             ids.extend(seq.tokens[seq.computed : seq.computed + take])
             positions.extend(pos)
-            slots.extend(seq.pages[p // ps] * ps + p % ps for p in pos)
+            slots.extend(seq.slot(p, ps) for p in pos)
         width = max(len(s.pages) for s, _ in plan)
         table = torch.tensor([s.pages + [0] * (width - len(s.pages)) for s, _ in plan], device=dev)
         context = torch.tensor([s.computed + t for s, t in plan], device=dev)
@@ -194,7 +198,7 @@ class EmbeddedEngine:
         ps = self.config.page_size
         positions = [s.computed for s, _ in plan]
         return self.graphs.run(self.contract, [s.tokens[s.computed] for s, _ in plan], positions,
-                               [s.pages[p // ps] * ps + p % ps for (s, _), p in zip(plan, positions)],
+                               [s.slot(p, ps) for (s, _), p in zip(plan, positions)],
                                [p + 1 for p in positions], [s.pages for s, _ in plan])
 
     @torch.no_grad()

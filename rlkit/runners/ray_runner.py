@@ -29,19 +29,12 @@ import torch
 
 from rlkit.config import RunConfig
 from rlkit.contract import NumericsContract
+from rlkit.distributed import free_port, join_group
 from rlkit.model.qwen3 import Qwen3ForCausalLM
 from rlkit.rollout.types import GenerationRequest, GenerationResult
 from rlkit.runners.base import engine_copy, split_requests, sync_event
 from rlkit.timeline.records import SyncEvent
 from rlkit.train.trainer import TrainBatch
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ray():
@@ -52,14 +45,6 @@ def _ray():
     return ray
 
 
-def _join_group(cfg: RunConfig, rank: int, world: int, port: int) -> None:
-    """This actor's process group: the ranks of one engine, or of the trainer."""
-    import torch.distributed as dist
-
-    dist.init_process_group("nccl" if cfg.device.startswith("cuda") else "gloo",
-                            init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-
-
 class _TrainerActor:
     def __init__(self, cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract, rank: int = 0,
                  port: int = 0):
@@ -68,7 +53,7 @@ class _TrainerActor:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         if cfg.trainer_tp * cfg.trainer_pp > 1:
-            _join_group(cfg, rank, cfg.trainer_tp * cfg.trainer_pp, port)
+            join_group(cfg.device, rank, cfg.trainer_tp * cfg.trainer_pp, port)
         self.trainer = make_trainer(cfg, model, contract)
 
     def train_step(self, batch: TrainBatch):
@@ -100,7 +85,7 @@ class _RolloutActor:
 
             from rlkit.model.parallel import TensorParallel
 
-            _join_group(cfg, tp_rank, self.tp_size, tp_port)
+            join_group(cfg.device, tp_rank, self.tp_size, tp_port)
             shard = Qwen3ForCausalLM(model.config, TensorParallel(self.tp_size, tp_rank, dist.group.WORLD))
             shard.load_state_dict(shard.shard(model.state_dict()))
             model = shard.to(model.device)
@@ -157,13 +142,13 @@ class RayRunner:
         # arguments, which must still be in the object store then.
         self._model_ref = model_ref = ray.put(model)
         ranks = cfg.trainer_tp * cfg.trainer_pp
-        port = _free_port() if ranks > 1 else 0
+        port = free_port() if ranks > 1 else 0
         self.trainers = [trainer_cls.remote(cfg, model_ref, contract, r, port) for r in range(ranks)]
         self.trainer = self.trainers[0]
         self.engine_ids = [f"engine-{i}" for i in range(cfg.engines)]
         self.groups = []  # the actors of each engine, rank 0 first
         for eid in self.engine_ids:
-            port = _free_port() if tp > 1 else 0
+            port = free_port() if tp > 1 else 0
             self.groups.append([rollout_cls.remote(cfg, model_ref, contract, eid, r, port) for r in range(tp)])
         self.engines = [g[0] for g in self.groups]
         self._version = 0
@@ -193,11 +178,11 @@ class RayRunner:
     def _group_get(self, i: int, refs: list) -> list:
         """ray.get of one call on every rank of engine i, in rank order; for a tensor-parallel engine, a
         clear error when a rank is gone (its ranks cannot go on without it)."""
-        if len(refs) == 1:
-            return self._get(refs)
         try:
             return self._get(refs)
         except self._actor_down_errors() as exc:
+            if len(refs) == 1:
+                raise
             raise RuntimeError(f"{self.engine_ids[i]}: a rank of the tensor-parallel engine is gone "
                                f"({type(exc).__name__}); TP engines are not restarted") from None
 

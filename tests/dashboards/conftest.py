@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.contract import OPS
+from rlkit.distributed import free_port  # noqa: F401  (the dashboard tests import it from here)
 from rlkit.timeline import RunStore, StepSummary, ToggleEvent
 from tests.conftest import REPO
 from tests.timeline.fakes import FP, initial, make_step
@@ -73,12 +73,6 @@ def labelled_text(i: int) -> str:
 
 
 # -- live processes ----------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rlkit(*args: str, log: Path) -> subprocess.Popen:
     """`python -m rlkit ARGS` in its own session (so a signal reaches only it), output to `log`."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -41,7 +41,6 @@ Run the tests: `python -m pytest -q -m megatron tests/train/test_megatron.py`.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -53,6 +52,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from rlkit import ops
 from rlkit.bitwise import differs
 from rlkit.contract import NumericsContract
+from rlkit.distributed import free_port
 from rlkit.kernels import collectives
 from rlkit.kernels.logprob import SamplingParams
 from rlkit.model.checkpoint import weights_checksum
@@ -88,19 +88,13 @@ class MegatronTrainConfig:
         return cls(tp=tp, pp=pp, optim=optim)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def initialize_parallel(tp: int, pp: int) -> None:
     """Megatron's model-parallel groups over the existing process group (world must be tp * pp)."""
     if not dist.is_initialized():
         if tp * pp != 1:
             raise RuntimeError(f"TP {tp} x PP {pp} needs torch.distributed initialized by the launcher")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         dist.init_process_group("gloo", rank=0, world_size=1)
     world = dist.get_world_size()
     if world != tp * pp:
