@@ -13,7 +13,8 @@ same seed (identical on both), strict contract unless said otherwise:
 Writes $OUT/layouts-2gpu.json and prints one line per check.
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
-    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 python3 lab/layouts_2gpu.py --out $OUT
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 RLKIT_DATA=.device_data \
+        python3 lab/layouts_2gpu.py --out $OUT
 """
 
 from __future__ import annotations
@@ -41,25 +42,21 @@ def run_rank(rank: int, world: int, port: int, args) -> None:
     from rlkit import NumericsContract
     from rlkit.bitwise import compare
     from rlkit.distributed import join_group
-    from rlkit.model.config import Qwen3Config
     from rlkit.model.parallel import TensorParallel
-    from rlkit.model.qwen3 import Qwen3ForCausalLM, init_weights_on_device
+    from rlkit.model.config import preset
+    from rlkit.model.qwen3 import Qwen3ForCausalLM, build_model_on_device
     from rlkit.rollout.engine import EmbeddedEngine, EngineConfig
     from rlkit.rollout.types import GenerationRequest, SamplingConfig
 
     if args.device == "cuda":
         torch.cuda.set_device(rank)
-        dev = torch.device("cuda", rank)
-        cfg = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                          num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, name="qwen3-0.6b")
+        dev, cfg = torch.device("cuda", rank), preset("qwen3-0.6b")
     else:  # a smoke test of this script on the CPU (gloo, the tiny preset)
-        from rlkit.model.config import preset
-
         torch.set_num_threads(1)
         dev, cfg = torch.device("cpu"), preset("tiny")
     join_group(args.device, rank, world, port)
+    full = build_model_on_device(cfg, 1234, dev).eval()
     with torch.device(dev):
-        full = init_weights_on_device(Qwen3ForCausalLM(cfg), seed=1234).eval()
         shard = Qwen3ForCausalLM(cfg, TensorParallel(world, rank, dist.group.WORLD)).eval()
     shard.load_state_dict(shard.shard(full.state_dict()))
     g = torch.Generator().manual_seed(5)

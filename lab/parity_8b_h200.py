@@ -31,7 +31,7 @@ from rlkit import NumericsContract, ops  # noqa: E402
 from rlkit.data.tasks import task  # noqa: E402
 from rlkit.divergence import logprob_divergence  # noqa: E402
 from rlkit.model.config import preset  # noqa: E402
-from rlkit.model.qwen3 import Qwen3ForCausalLM, init_weights_on_device  # noqa: E402
+from rlkit.model.qwen3 import build_model_on_device  # noqa: E402
 from rlkit.model.tokenizer import chat_prompt_ids, load_tokenizer  # noqa: E402
 from rlkit.rollout.engine import EmbeddedEngine, EngineConfig  # noqa: E402
 from rlkit.rollout.types import GenerationRequest, SamplingConfig  # noqa: E402
@@ -41,12 +41,6 @@ from rlkit.train.recompute import response_logprobs  # noqa: E402
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def random_model(name: str, seed: int, device: str) -> Qwen3ForCausalLM:
-    with torch.device(device):
-        model = Qwen3ForCausalLM(preset(name))
-    return init_weights_on_device(model, seed).eval()
 
 
 def chain(model, contract, prompts, max_tokens: int, pack_tokens: int, label: str) -> dict:
@@ -96,7 +90,7 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    model = random_model(a.preset, 1234, a.device)
+    model = build_model_on_device(preset(a.preset), 1234, a.device).eval()
     tok = load_tokenizer()
     problems = task("dapo").problems(0, a.requests, 1234)
     prompts = [chat_prompt_ids(p.user_message(), tok) for p in problems]

@@ -52,7 +52,8 @@ class RunConfig:
     runner: str = "local"
     """local | ray"""
     trainer: str = "embedded"
-    """embedded (rlkit's Qwen3 + AdamW) | megatron (Megatron-core GPTModel with rlkit's strict spec, TP 1)"""
+    """embedded (rlkit's Qwen3 + AdamW) | megatron (Megatron-core GPTModel with rlkit's strict spec, at
+    `trainer_tp` x `trainer_pp`)"""
     engines: int = 1
     rollout_tp: int = 1
     """Tensor-parallel ranks of each rollout engine (runner "ray": one actor per rank, in their own

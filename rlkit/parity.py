@@ -65,7 +65,7 @@ class ParitySettings:
             raise ValueError(f"--path {self.path!r}; expected strict or native")
         if self.rollout not in ROLLOUTS:
             raise ValueError(f"--rollout {self.rollout!r}; expected one of {', '.join(ROLLOUTS)}")
-        if self.dtype not in ("bf16", "fp32", "bfloat16", "float32"):
+        if DTYPE_ALIASES.get(self.dtype) not in ("bfloat16", "float32"):
             raise ValueError(f"--dtype {self.dtype!r}; expected bf16 or fp32")
         if self.prompts < 1 or self.max_tokens < 1:
             raise ValueError("--prompts and --max-tokens must be >= 1")

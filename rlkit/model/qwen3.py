@@ -208,7 +208,7 @@ class Qwen3ForCausalLM(nn.Module):
     @property
     def kv_heads(self) -> int:
         """KV heads this module holds (all of them unless it is a tensor-parallel shard)."""
-        return self.model.layers[0].self_attn.kv_heads if len(self.model.layers) else self.config.num_key_value_heads
+        return (self.tp or TensorParallel()).kv_heads(self.config)
 
     def shard(self, full_state_dict) -> dict[str, torch.Tensor]:
         """This module's slices of a whole-model state dict (the dict itself when not sharded)."""
@@ -241,12 +241,6 @@ class Qwen3ForCausalLM(nn.Module):
 
 
 @torch.no_grad()
-def init_weights_on_device(model: Qwen3ForCausalLM, seed: int) -> Qwen3ForCausalLM:
-    """`init_weights`, drawn where the model lives: seconds for billions of parameters on a GPU. The
-    values depend on the device type's generator, so they are not those of `init_weights`."""
-    return _draw_weights(model, seed, model.device)
-
-
 def _draw_weights(model: Qwen3ForCausalLM, seed: int, device: torch.device) -> Qwen3ForCausalLM:
     """fp32 N(0, initializer_range) draws on `device` in parameter-name order, cast; norms = 1."""
     g = torch.Generator(device=device).manual_seed(seed)
@@ -263,3 +257,13 @@ def build_model(cfg: Qwen3Config, seed: int = 0, device: str | torch.device = "c
                 tp: TensorParallel | None = None) -> Qwen3ForCausalLM:
     """A Qwen3 with seeded random weights on `device` (with `tp`: this rank's shard of it)."""
     return Qwen3ForCausalLM(cfg, tp).init_weights(seed).to(device)
+
+
+def build_model_on_device(cfg: Qwen3Config, seed: int, device: str | torch.device) -> Qwen3ForCausalLM:
+    """A Qwen3 with seeded random weights allocated and drawn on `device` (fp32 draws in parameter-name
+    order, as `init_weights`): seconds for billions of parameters on a GPU, where `build_model` draws on
+    the CPU and copies. The values depend on the device type's generator, so they are not those of
+    `build_model`."""
+    with torch.device(device):
+        model = Qwen3ForCausalLM(cfg)
+    return _draw_weights(model, seed, model.device)

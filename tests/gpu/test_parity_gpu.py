@@ -15,7 +15,7 @@ import torch
 from rlkit import NumericsContract
 from rlkit.bitwise import compare
 from rlkit.model.config import Qwen3Config
-from rlkit.model.qwen3 import Qwen3ForCausalLM, init_weights_on_device
+from rlkit.model.qwen3 import Qwen3ForCausalLM, build_model_on_device
 from rlkit.rollout.engine import EmbeddedEngine, EngineConfig
 from rlkit.train.recompute import response_logprobs
 
@@ -34,10 +34,7 @@ RESPONSES = [30, 64, 20, 50, 10, 40]
 
 
 def gpu_model(name: str, seed: int = 0) -> Qwen3ForCausalLM:
-    cfg = Qwen3Config(head_dim=128, name=name, **SHAPES[name])
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg)
-    return init_weights_on_device(model, seed).eval()
+    return build_model_on_device(Qwen3Config(head_dim=128, name=name, **SHAPES[name]), seed, "cuda").eval()
 
 
 def chain(model, contract):
