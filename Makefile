@@ -36,6 +36,7 @@ lab: setup
 	$(BIN)/rlkit lab $(LAB_ARGS)
 
 test: setup-test
+	@$(BIN)/python -m rlkit.hardware  # where the suite runs: CPU model, ISA, torch's BLAS, numpy's OpenBLAS core
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 notebooks: setup

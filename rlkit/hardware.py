@@ -1,0 +1,129 @@
+"""What this machine's CPU does natively, and the dtype a CPU run should compute in because of it.
+
+The CPU machines rlkit runs on differ: some Intel CPUs have AMX and AVX-512 BF16 (bf16 GEMMs run on
+matrix units), others only AVX-512 or, on AMD EPYC, only AVX2. Without AMX or AVX-512 BF16, torch's bf16
+matmul falls back to a slow path (measured on an AVX2-only EPYC: 4.6 s in bf16 vs 0.8 s in fp32 for a
+256 x 128 x 151,936 product), so a CPU run that is not asked for a dtype computes in fp32 there.
+
+    from rlkit import hardware
+    hardware.describe()                  # {"cpu": "...", "isa": [...], "torch_cpu_capability": ..., ...}
+    hardware.default_dtype("cpu")        # ("float32", "this CPU has no AMX or AVX-512 BF16: ...")
+
+Nothing here moves a bit of a strict result: the dtype is part of the run's config (stored with it), and
+the strict contract's bits are defined per dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform as _py_platform
+from pathlib import Path
+
+import torch
+
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+"""/proc/cpuinfo flags of the units that run bf16 GEMMs at full speed."""
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    model, flags = _py_platform.processor() or _py_platform.machine(), frozenset()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return model, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and value.strip():
+            model = value.strip()
+        elif key == "flags":
+            flags = frozenset(value.split())
+    return model, flags
+
+
+def cpu_model() -> str:
+    return _cpuinfo()[0]
+
+
+def cpu_flags() -> frozenset[str]:
+    return _cpuinfo()[1]
+
+
+def has_native_bf16() -> bool:
+    """True where the CPU has AMX or AVX-512 BF16 units (torch's bf16 GEMM is fast there)."""
+    return any(f in cpu_flags() for f in NATIVE_BF16_FLAGS)
+
+
+def default_dtype(device: str) -> tuple[str, str]:
+    """(dtype, why) for a run that did not name one: bf16 on GPUs and on CPUs with native bf16 GEMMs,
+    fp32 on other CPUs."""
+    if not str(device).startswith("cpu"):
+        return "bfloat16", f"{device}: bf16 is the accelerator's native dtype"
+    if has_native_bf16():
+        have = [f for f in NATIVE_BF16_FLAGS if f in cpu_flags()]
+        return "bfloat16", f"this CPU runs bf16 GEMMs natively ({', '.join(have)})"
+    return "float32", ("this CPU has no AMX or AVX-512 BF16, so torch's bf16 GEMM falls back to a slow "
+                       "path; fp32 GEMMs run on its vector units")
+
+
+def numpy_openblas_core() -> str | None:
+    """The OpenBLAS kernel family numpy picked at run time on this CPU (what `tl.dot` runs under Triton's
+    interpreter), or None where numpy is not built on OpenBLAS."""
+    import ctypes
+    import glob
+    import os
+
+    import numpy
+
+    libs = os.path.join(os.path.dirname(numpy.__file__), os.pardir, "numpy.libs")
+    for lib in glob.glob(os.path.join(libs, "*openblas*")):
+        try:
+            handle = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        for name in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename"):
+            fn = getattr(handle, name, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                return fn().decode()
+    return None
+
+
+def _torch_build_line(prefix: str) -> str | None:
+    for line in torch.__config__.show().splitlines():
+        if line.strip().startswith(prefix):
+            return line.strip()[len(prefix):].strip()
+    return None
+
+
+def describe() -> dict:
+    """The facts a result depends on: CPU model, the ISA flags that matter, torch's CPU kernel level, the
+    BLAS torch was built with."""
+    flags = cpu_flags()
+    return {
+        "cpu": cpu_model(),
+        "isa": [f for f in ISA_FLAGS if f in flags],
+        "native_bf16": has_native_bf16(),
+        "torch": torch.__version__,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_blas": "MKL" if torch.backends.mkl.is_available() else "other",
+        "onednn": _torch_build_line("- Intel(R) MKL-DNN") if torch.backends.mkldnn.is_available() else None,
+        "numpy_openblas_core": numpy_openblas_core(),
+    }
+
+
+def summary() -> str:
+    """One line for logs and skip reasons."""
+    d = describe()
+    return (f"{d['cpu']} [{' '.join(d['isa']) or 'no AVX2'}; torch {d['torch']} CPU kernels "
+            f"{d['torch_cpu_capability']}, BLAS {d['torch_blas']}; native bf16 {'yes' if d['native_bf16'] else 'no'}; "
+            f"numpy OpenBLAS {d['numpy_openblas_core']}]")
+
+
+if __name__ == "__main__":  # `python -m rlkit.hardware`: what `make test` prints before the suite
+    import json
+
+    print("rlkit.hardware:", summary())
+    print("rlkit.hardware:", json.dumps({**describe(), "default_cpu_dtype": default_dtype("cpu")}))
