@@ -27,14 +27,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 KINDS = ("strict", "native")
 STOP_TIMEOUT_S = 300.0
-"""How long Ctrl-C waits for the runs to finish their current step (a warm start is not interruptible
-between its steps) before killing them."""
+"""How long Ctrl-C waits for the runs to finish their current step (an RL step, or a step of the warm
+start, which stops between its steps too) before killing them."""
 
 
 @dataclass
@@ -111,19 +112,26 @@ class Lab:
         return all(r.returncode is not None for r in self.runs)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S, out=sys.stderr) -> dict[str, int]:
-        """SIGTERM every live run, wait for each to finish its step (a second Ctrl-C, or the timeout, kills
-        them). Returns each run's exit code."""
+        """SIGTERM every live run and wait for each to finish its step (or its warm-start step); a second
+        Ctrl-C (SIGINT), or the timeout, kills them. Returns each run's exit code."""
         live = [r for r in self.runs if r.proc is not None and r.returncode is None]
         for r in live:
             r.proc.send_signal(signal.SIGTERM)
         if live:
             print(f"rlkit lab: stopping {', '.join(r.kind for r in live)}: each finishes its current step "
                   f"(Ctrl-C again to kill now; the stores keep every complete step)", file=out, flush=True)
-        deadline = time.monotonic() + timeout
+        kill_now = threading.Event()
+        on_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, lambda *_: kill_now.set()) if on_main else None
         try:
-            for r in live:
-                r.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            deadline = time.monotonic() + timeout
+            while (any(r.returncode is None for r in live) and not kill_now.is_set()
+                   and time.monotonic() < deadline):
+                time.sleep(0.1)
+        finally:
+            if on_main:
+                signal.signal(signal.SIGINT, previous)
+        if any(r.returncode is None for r in live):
             for r in live:
                 if r.returncode is None:
                     r.proc.kill()

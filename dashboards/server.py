@@ -7,7 +7,8 @@ a session opened without `?token=` shows only a refusal, and its toggle requests
 Two small JSON endpoints beside the page, for scripts and tests (token in the `X-Rlkit-Token` header when
 one is set; a toggle must be POSTed as application/json from the page's own origin or from no browser):
 
-    GET  /api/status                          -> {"runs": [{"label", "steps", "paths", "pending", ...}]}
+    GET  /api/status                          -> {"runs": [{"label", "steps", "paths", "pending", "platform",
+                                                  "progress" (the warm start's, before step 0), ...}]}
     POST /api/toggle {"run", "op", "path"}    -> {"request_id": 3}   (403 without the token)
 
     python -m rlkit.dashboards.server runs/a runs/b --port 5006      # the same as `rlkit dashboard`
@@ -101,7 +102,9 @@ class StatusHandler(_ApiHandler):
                     entry.update(steps=len(steps), planned_steps=cfg.get("steps"),
                                  paths=steps[-1].ops_paths if steps else initial_paths(cfg),
                                  pending=[r.to_dict() for r in store.pending_toggles()],
-                                 toggles=[t.to_dict() for t in store.toggles()])
+                                 toggles=[t.to_dict() for t in store.toggles()],
+                                 platform=store.info("platform"),
+                                 progress=None if steps else store.info("progress"))
                 finally:
                     store.close()
             out.append(entry)

@@ -72,6 +72,19 @@ def run_labels(run_dirs) -> dict[str, Path]:
     return labels
 
 
+def describe_progress(progress: dict) -> str:
+    """'warm start 37 of 100 steps, loss 2.31, about 1 min 20 s left' from a run's progress info."""
+    step, total = int(progress.get("step", 0)), int(progress.get("total", 0))
+    text = f"{progress.get('phase', 'warm start')} {step} of {total} steps"
+    loss, eta = progress.get("loss"), progress.get("eta_s")
+    if isinstance(loss, (int, float)):
+        text += f", loss {loss:.3g}"
+    if isinstance(eta, (int, float)) and eta == eta and step < total:
+        minutes, seconds = divmod(int(round(eta)), 60)
+        text += f", about {f'{minutes} min ' if minutes else ''}{seconds} s left"
+    return text
+
+
 def initial_paths(config: dict) -> dict[str, str]:
     """Each op's path before step 0, from a stored RunConfig dict (path, then per-op overrides); reads the
     dict directly so the dashboard never imports torch."""
@@ -95,6 +108,9 @@ class RunState(param.Parameterized):
     toggles = param.DataFrame(doc="ToggleEvents the run applied (step = first step with the new path).")
     pending = param.DataFrame(doc="Toggle requests the run has not applied yet.")
     paths = param.Dict(default={}, doc="Each op's path in the newest step (or before step 0).")
+    progress = param.Dict(default=None, allow_None=True,
+                          doc="What the run does before its first step (the warm start's step, total, loss, "
+                              "eta_s), as the run last reported it; None once steps arrive.")
     revision = param.Integer(0, doc="Incremented whenever any of the above changes.")
 
     def __init__(self, run_dir, label: str | None = None, **params):
@@ -138,6 +154,8 @@ class RunState(param.Parameterized):
         if not self.exists:
             return f"{self.label}: waiting for the run to start ({self.run_dir})"
         span = f"steps 0–{self.last_step}" if self._summaries else "no step yet"
+        if not self._summaries and self.progress:
+            span += f" — {describe_progress(self.progress)}"
         # a run that stopped early looks like a live one from the store: say only what is known
         mode = "finished" if self.finished else f"{self.n_steps} of {self.planned_steps} steps so far"
         pending = f", {len(self.pending)} toggle request(s) pending" if len(self.pending) else ""
@@ -155,7 +173,13 @@ class RunState(param.Parameterized):
             changed = True
         if self._timeline is None:
             return []
+        if not self._summaries and not new:  # before step 0: the warm start reports its progress
+            progress = self._follower.store.info("progress")
+            if progress != self.progress:
+                self.progress = progress
+                changed = True
         if new:
+            self.progress = None
             redone = {s.step for s in new} & set(self._summaries)
             for s in new:
                 self._summaries[s.step] = s

@@ -78,14 +78,20 @@ def cmd_run(args) -> int:
         stop.set()
 
     signal.signal(signal.SIGTERM, _graceful)
-    if args.resume:
-        store = run(args.resume, resume=True, progress=not args.no_progress, stop=stop)
-    else:
-        try:
-            cfg = run_config_from_args(args)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        store = run(args.run_dir, cfg, progress=not args.no_progress, stop=stop)
+    from rlkit.train.warm_start import WarmStartStopped
+
+    try:
+        if args.resume:
+            store = run(args.resume, resume=True, progress=not args.no_progress, stop=stop)
+        else:
+            try:
+                cfg = run_config_from_args(args)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            store = run(args.run_dir, cfg, progress=not args.no_progress, stop=stop)
+    except WarmStartStopped as e:  # a stop request before step 0: nothing to keep but the empty store
+        print(f"rlkit run: {e}; no step was written", file=sys.stderr)
+        return 0
     last = store.last_step()
     print(f"run {store.run_dir}: {0 if last is None else last + 1} complete steps", file=sys.stderr)
     return 0

@@ -20,7 +20,10 @@ from rlkit.train.trainer import OptimConfig
 @dataclass(frozen=True)
 class RunConfig:
     preset: str = "tiny"
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
+    """bfloat16 | float32 | auto. A new run resolves "auto" once, from the device (rlkit.hardware:
+    bf16 on GPUs and on CPUs with AMX or AVX-512 BF16, fp32 on other CPUs), and stores the concrete
+    dtype with the reason in the run's metadata; a resumed run keeps it."""
     device: str = "cpu"
     task: str = "arith"
     """arith | gsm8k | dapo"""
@@ -87,8 +90,8 @@ class RunConfig:
             problems.append(f"runner={self.runner!r} (local | ray)")
         if self.trainer not in ("embedded", "megatron"):
             problems.append(f"trainer={self.trainer!r} (embedded | megatron)")
-        if self.dtype not in ("bfloat16", "float32"):
-            problems.append(f"dtype={self.dtype!r} (bfloat16 | float32)")
+        if self.dtype not in ("bfloat16", "float32", "auto"):
+            problems.append(f"dtype={self.dtype!r} (bfloat16 | float32 | auto)")
         if self.rollout_tp > 1 and self.runner != "ray":
             problems.append(f"rollout_tp={self.rollout_tp} needs runner='ray' (one process per rank)")
         if self.trainer_tp * self.trainer_pp > 1 and (self.trainer != "megatron" or self.runner != "ray"):
@@ -109,6 +112,15 @@ class RunConfig:
     @property
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+    def with_resolved_dtype(self) -> tuple["RunConfig", str]:
+        """The config with a concrete dtype, and why that dtype ("auto": chosen from the device)."""
+        if self.dtype != "auto":
+            return self, f"{self.dtype} was asked for"
+        from rlkit.hardware import default_dtype
+
+        dtype, why = default_dtype(self.device)
+        return self.replace(dtype=dtype), f"auto: {why}"
 
     def contract(self) -> NumericsContract:
         base = NumericsContract.default().with_every_op(self.path)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from rlkit import hardware
 from rlkit.bitwise import bitwise_equal
 from rlkit.config import RunConfig
 from rlkit.data.rewards import ascii_share
@@ -74,7 +75,10 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
     else:
         if cfg is None:
             raise ValueError("a new run needs a RunConfig")
+        cfg, dtype_reason = cfg.with_resolved_dtype()  # once: a resumed run keeps the stored dtype
         store = RunStore.create(run_dir, cfg.to_dict())
+        store.set_info("platform", {**hardware.describe(), "device": cfg.device, "dtype": cfg.dtype,
+                                    "dtype_reason": dtype_reason})
     last, ckpt = store.last_step(), store.last_checkpoint()
     if last is not None and ckpt is None and not cfg.checkpoint_every:
         raise RuntimeError(f"{run_dir}: the run saved no checkpoint (checkpoint_every=0); cannot resume")
@@ -83,7 +87,9 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
     contract = cfg.contract()
     for t in store.toggles():  # on resume, the toggles applied so far are part of the state
         contract = contract.with_ops(**{t.op: t.path})
-    runner = make_runner(cfg, initial_model(cfg, progress), contract, **(runner_kwargs or {}))
+    model = initial_model(cfg, progress, stop=stop,
+                          on_warm_start_step=lambda p: store.set_info("progress", p.to_dict()))
+    runner = make_runner(cfg, model, contract, **(runner_kwargs or {}))
     task, tok = get_task(cfg.task), load_tokenizer()
     try:
         if ckpt is None:  # start (or restart) from the initial weights: version 0, synced to every engine

