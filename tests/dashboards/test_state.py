@@ -47,6 +47,24 @@ def test_loads_a_run_with_its_summaries_versions_syncs_and_records(fake_run):
     run.close()
 
 
+def test_a_warming_up_run_shows_the_warm_start_until_its_first_step(tmp_path):
+    fake = FakeRun(tmp_path / "warm", steps=4)
+    run = RunState(fake.run_dir)
+    run.poll()
+    assert run.progress is None and run.status() == "warm: no step yet (0 of 4 steps so far)"
+    revision = run.revision
+    fake.store.set_info("progress", {"phase": "warm start", "step": 30, "total": 100, "loss": 2.3456,
+                                     "elapsed_s": 45.0, "eta_s": 105.0})
+    run.poll()
+    assert run.revision == revision + 1 and run.progress["step"] == 30
+    assert run.status() == ("warm: no step yet — warm start 30 of 100 steps, loss 2.35, about 1 min 45 s left "
+                            "(0 of 4 steps so far)")
+    fake.commit(1)
+    run.poll()
+    assert run.progress is None and run.status().startswith("warm: steps 0–0 (1 of 4 steps so far)")
+    fake.close()
+
+
 def test_a_run_that_has_not_started_is_followed_until_it_appears(tmp_path):
     run = RunState(tmp_path / "later")
     assert run.poll() == [] and not run.exists
