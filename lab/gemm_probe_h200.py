@@ -169,7 +169,8 @@ def _swap(bn, bt, warps=4, stages=4, **kw):
 
 
 def _tiles(bm, bn, warps, stages, ws=False, bk=BK, **kw):
-    tag = f"tma{bm}x{bn}w{warps}s{stages}" + ("_ws" if ws else "") + ("" if bk == BK else f"_bk{bk}")
+    tag = (f"tma{bm}x{bn}w{warps}s{stages}" + ("_ws" if ws else "") + ("" if bk == BK else f"_bk{bk}")
+           + (f"_{kw['per_sm']}persm" if kw.get("per_sm", 1) > 1 else ""))
     return dict(kind="tiles", name=tag, BM=bm, BN=bn, warps=warps, stages=stages, ws=ws, BK=bk, **kw)
 
 
