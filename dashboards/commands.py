@@ -80,7 +80,7 @@ def _announce(url: str) -> None:
 
 
 def cmd_dashboard(args) -> int:
-    from rlkit.timeline.store import RunStore
+    from rlkit.timeline.store import DB_NAME, RunStore
 
     from .access import AccessError, check_serve_policy
     from .server import serve
@@ -90,10 +90,11 @@ def cmd_dashboard(args) -> int:
     except AccessError as e:
         raise UsageError(str(e)) from None
     for d in args.run_dirs:
-        if not Path(d).exists():
+        if not (Path(d) / DB_NAME).is_file():  # a new run makes its store once its model is built
             if args.wait:
                 continue
-            raise UsageError(f"no run directory at {d} (give --wait to follow a run that has not started yet)")
+            if not Path(d).exists():
+                raise UsageError(f"no run directory at {d} (give --wait to follow a run that has not started yet)")
         RunStore.open(d, readonly=True).close()  # a clear StoreError for a directory that is not a run
     try:
         serve(args.run_dirs, port=args.port, address=args.address, token=args.token, period_ms=args.period_ms,

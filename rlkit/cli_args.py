@@ -29,9 +29,10 @@ def int_at_least(low: int, high: int | None = None):
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            span = f">= {low}" if high is None else f"in [{low}, {high}]"
-            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {value}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"expected an integer <= {high}, got {value}")
         return value
 
     return parse

@@ -41,11 +41,11 @@ def refused_by_parser(capsys, argv: list[str], needle: str) -> None:
 
 # -- 6. values ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("flags, needle", [
-    (["--max-tokens", "99999999999999999999"], "expected an integer in [1, 2147483647]"),
+    (["--max-tokens", "99999999999999999999"], "expected an integer <= 2147483647"),
     (["--temperature", "inf"], "expected a finite number"),
     (["--temperature", "nan"], "expected a finite number"),
     (["--temperature", "0"], "expected a number > 0"),
-    (["--steps", "-1"], "expected an integer in [1,"),
+    (["--steps", "-1"], "expected an integer >= 1"),
 ])
 def test_the_parser_refuses_unbounded_values(tmp_path, capsys, flags, needle):
     refused_by_parser(capsys, ["run", "--run-dir", str(tmp_path / "r"), *SMALL, *flags], needle)

@@ -24,6 +24,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from rlkit import loop
 from rlkit.rundir import checkpoint_file
 from rlkit.timeline.store import RunStore
@@ -59,6 +61,7 @@ def check_after_kill(run_dir, before: int) -> int:
         return len(steps)
 
 
+@pytest.mark.slow
 def test_kill_9_at_seeded_points_then_resume_equals_the_uninterrupted_run(tmp_path):
     rng = random.Random(SEED)
     cfg = config().replace(steps=STEPS)
