@@ -203,8 +203,10 @@ def _cmd_run(args) -> int:
         stop.set()
 
     if args.resume:
+        from rlkit.timeline.lock import check_free
         from rlkit.timeline.store import RunStore
 
+        check_free(args.resume)  # a run still starting has its lock before its store
         with RunStore.open(args.resume, readonly=True, untouched=True) as peek:  # lock-free, creates nothing
             stored = peek.config()
         conflicts = resume_conflicts(args, stored)

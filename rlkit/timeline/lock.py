@@ -47,6 +47,19 @@ def holder(run_dir: str | os.PathLike) -> int | None:
         os.close(fd)
 
 
+def check_free(run_dir: str | os.PathLike) -> None:
+    """RunLocked when another process holds `run_dir`'s lock (a quick check that creates nothing)."""
+    pid = holder(run_dir)
+    if pid is not None:
+        raise RunLocked(_held_message(Path(run_dir), pid if pid > 0 else None))
+
+
+def _held_message(run_dir: Path, pid: int | None) -> str:
+    who = f"process {pid}" if pid else "another process"
+    return (f"{run_dir} is being written by {who} (it holds {run_dir / LOCK_NAME}); one writer per run: wait for "
+            f"it to end, or stop it (Ctrl-C / SIGTERM ends it at a complete step)")
+
+
 def _pid(fd: int) -> int | None:
     text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
     return int(text) if text.isdigit() else None
@@ -78,9 +91,7 @@ class RunLock:
         except BlockingIOError:
             pid = _pid(fd)
             os.close(fd)
-            who = f"process {pid}" if pid else "another process"
-            raise RunLocked(f"{run_dir} is being written by {who} (it holds {path}); one writer per run: "
-                            f"wait for it to end, or stop it (Ctrl-C / SIGTERM ends it at a complete step)") from None
+            raise RunLocked(_held_message(run_dir, pid)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return cls(run_dir, fd, created)

@@ -15,6 +15,7 @@ reference and one run stopped after 2 steps (SIGTERM-like stop request) are shar
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import signal
 import sqlite3
@@ -28,7 +29,7 @@ import pytest
 
 from rlkit import loop
 from rlkit.cli import build_parser, run_config_from_args
-from rlkit.timeline.lock import LOCK_NAME, RunLock, RunLocked, holder
+from rlkit.timeline.lock import LOCK_NAME, RunLock, RunLocked, check_free, holder
 from rlkit.timeline.records import bitwise_differences
 from rlkit.timeline.store import RunStore
 from tests.conftest import REPO
@@ -227,13 +228,15 @@ def test_a_recomputed_step_that_differs_from_the_store_stops_the_resume(tmp_path
 
 # -- 4. one writer per run directory -----------------------------------------------------------------
 def test_the_lock_admits_one_writer_and_says_who_holds_it(tmp_path):
-    tmp_path.mkdir(exist_ok=True)
+    check_free(tmp_path)
     assert holder(tmp_path) is None and not (tmp_path / LOCK_NAME).exists()  # probing creates nothing
     lock = RunLock.acquire(tmp_path)
     try:
-        with pytest.raises(RunLocked, match=f"being written by process {__import__('os').getpid()}"):
+        with pytest.raises(RunLocked, match=f"being written by process {os.getpid()}"):
             RunLock.acquire(tmp_path)
-        assert holder(tmp_path) == __import__("os").getpid()
+        assert holder(tmp_path) == os.getpid()
+        with pytest.raises(RunLocked, match="being written by process"):
+            check_free(tmp_path)
     finally:
         lock.release()
     assert holder(tmp_path) is None
