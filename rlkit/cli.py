@@ -25,7 +25,7 @@ import sys
 import threading
 
 from rlkit.cli_args import (Parser, UsageError, bounded_nonneg_int, bounded_positive_int, finite_float,
-                            nonneg_int, positive_float, positive_int)
+                            nonneg_int, positive_float)
 
 __all__ = ["main", "build_parser", "UsageError", "run_config_from_args", "resume_conflicts"]
 
