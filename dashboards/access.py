@@ -4,12 +4,17 @@ The dashboard can switch a live run's kernel paths, so serving it beyond this ma
 address that is not loopback is refused unless a token is given (`rlkit dashboard RUN --address 0.0.0.0
 --token T`). With a token, the page must be opened as `http://host:port/?token=T` (a session opened without
 it shows only a refusal), every toggle request the page sends is checked against the token the session was
-opened with, and the HTTP endpoints (`/api/status`, `/api/toggle`) want it in the `X-Rlkit-Token` header or
-a `token` field. Tokens are compared in constant time.
+opened with, and the HTTP endpoints (`/api/status`, `/api/toggle`) want it in the `X-Rlkit-Token` header
+(the only place they read it). Tokens are compared in constant time.
+
+Every request must also name, in its Host header, an address the dashboard serves (`served_hosts`): a
+page of another site whose name an attacker points at 127.0.0.1 (DNS rebinding) sends its own name as
+Host and is refused, and Bokeh's websocket accepts the same names as origins.
 
     check_serve_policy("127.0.0.1", None)       # fine: loopback
     check_serve_policy("0.0.0.0", None)         # AccessError: ... give --token
     check_token("s3cret", presented="nope")     # TokenRefused
+    host_allowed("evil.example:5006", served_hosts("127.0.0.1", 5006))   # False
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import secrets
+import socket
 
 DEFAULT_PORT = 5006
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
@@ -40,6 +46,37 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+WILDCARD_ADDRESSES = ("0.0.0.0", "::", "")
+
+
+def served_hosts(address: str, port: int) -> list[str]:
+    """The `host:port` names a request to this dashboard may carry in its Host header (and a websocket in its
+    Origin): the loopback names and addresses for a loopback address; the address itself for another one;
+    for a wildcard address (which needs a token), this machine's names and addresses as well."""
+    names = {address}
+    if is_loopback(address) or address in WILDCARD_ADDRESSES:
+        names.update(LOOPBACK_NAMES + ("127.0.0.1", "::1"))
+    if address in WILDCARD_ADDRESSES:
+        names.discard(address)
+        hostname = socket.gethostname()
+        names.update({hostname, socket.getfqdn()})
+        try:
+            names.update(info[4][0] for info in socket.getaddrinfo(hostname, None))
+        except OSError:
+            pass
+    return sorted(f"[{n}]:{port}" if ":" in n else f"{n}:{port}" for n in names if n)
+
+
+def host_allowed(host: str | None, allowed: list[str]) -> bool:
+    """True when a Host header (or an Origin's netloc) names one of `allowed` (case-insensitive; a Host
+    without a port means port 80)."""
+    if not host:
+        return False
+    host = host.strip().lower()
+    has_port = "]:" in host if host.startswith("[") else ":" in host
+    return (host if has_port else f"{host}:80") in {a.lower() for a in allowed}
 
 
 def check_serve_policy(address: str, token: str | None) -> None:

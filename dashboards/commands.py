@@ -1,4 +1,5 @@
-"""`rlkit dashboard` and `rlkit lab`: the lab's two commands (rlkit/cli.py picks them up from here).
+"""`rlkit dashboard` and `rlkit lab`: the lab's two commands, registered into the `rlkit` parser by
+`add_commands(sub)` (rlkit/cli.py calls it when it builds the parser; nothing here imports the CLI).
 
     rlkit dashboard runs/a runs/b [--port 5006] [--address 127.0.0.1] [--token T]
     rlkit lab [--steps 50] [--dtype fp32] [--port 5006] [--exit-when-done]
@@ -12,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from rlkit.cli import UsageError, _nonneg_int, _positive_int
+from rlkit.cli_args import UsageError, nonneg_int, positive_int
 
 DASHBOARD_HELP = """\
 Serve the dashboard of one or more runs (live or finished): per-step divergence charts with the runs
@@ -20,8 +21,10 @@ overlaid, the weight-version timeline, step -> sample -> token heatmaps, the fir
 and per-op kernel-path toggles that the live run applies at its next step boundary.
 
 Loopback only by default. Another --address needs --token T: open the page as http://HOST:PORT/?token=T;
-a page or a toggle request without the token is refused. JSON endpoints: GET /api/status,
-POST /api/toggle {"run", "op", "path"} (header X-Rlkit-Token when a token is set)."""
+a page or a toggle request without the token is refused. Every request must name a served address in its
+Host header (the loopback names, or --address), so a DNS-rebinding page is refused. JSON endpoints:
+GET /api/status, POST /api/toggle {"run", "op", "path"[, "source"]} (strings; header X-Rlkit-Token when a
+token is set; 409 for a run that has finished)."""
 
 LAB_HELP = """\
 Start a strict and a native run of the lab preset side by side (two `rlkit run` subprocesses writing
@@ -46,14 +49,14 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("lab", help="a strict and a native run side by side, with the dashboard on both",
                        description=LAB_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=_positive_int, default=None, help="RL steps per run (lab preset: 50)")
-    p.add_argument("--warm-start", type=_nonneg_int, default=None,
+    p.add_argument("--steps", type=positive_int, default=None, help="RL steps per run (lab preset: 50)")
+    p.add_argument("--warm-start", type=nonneg_int, default=None,
                    help="supervised steps before RL (lab preset: 100; 0 starts RL at once)")
-    p.add_argument("--prompts", type=_positive_int, default=None, help="prompts per step (lab preset: 8)")
-    p.add_argument("--samples", type=_positive_int, default=None, help="samples per prompt (lab preset: 8)")
+    p.add_argument("--prompts", type=positive_int, default=None, help="prompts per step (lab preset: 8)")
+    p.add_argument("--samples", type=positive_int, default=None, help="samples per prompt (lab preset: 8)")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
                    help="model dtype of both runs (default fp32: see above)")
-    p.add_argument("--seed", type=_nonneg_int, default=0)
+    p.add_argument("--seed", type=nonneg_int, default=0)
     p.add_argument("--runs-dir", default="runs", help="where the lab-<timestamp> folder goes (default runs/)")
     _add_serving(p)
     p.add_argument("--exit-when-done", action="store_true",
@@ -64,12 +67,12 @@ def add_commands(sub) -> None:
 def _add_serving(p) -> None:
     from .access import DEFAULT_PORT
 
-    p.add_argument("--port", type=_positive_int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    p.add_argument("--port", type=positive_int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
     p.add_argument("--address", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; any other needs --token)")
     p.add_argument("--token", default=None,
                    help="required by the page (?token=T) and by every toggle request; at least 8 characters")
-    p.add_argument("--period-ms", type=_positive_int, default=1000, help="how often the page polls the runs")
+    p.add_argument("--period-ms", type=positive_int, default=1000, help="how often the page polls the runs")
 
 
 def _announce(url: str) -> None:
@@ -77,7 +80,7 @@ def _announce(url: str) -> None:
 
 
 def cmd_dashboard(args) -> int:
-    from rlkit.timeline.store import RunStore
+    from rlkit.timeline.store import DB_NAME, RunStore
 
     from .access import AccessError, check_serve_policy
     from .server import serve
@@ -87,10 +90,11 @@ def cmd_dashboard(args) -> int:
     except AccessError as e:
         raise UsageError(str(e)) from None
     for d in args.run_dirs:
-        if not Path(d).exists():
+        if not (Path(d) / DB_NAME).is_file():  # a new run makes its store once its model is built
             if args.wait:
                 continue
-            raise UsageError(f"no run directory at {d} (give --wait to follow a run that has not started yet)")
+            if not Path(d).exists():
+                raise UsageError(f"no run directory at {d} (give --wait to follow a run that has not started yet)")
         RunStore.open(d, readonly=True).close()  # a clear StoreError for a directory that is not a run
     try:
         serve(args.run_dirs, port=args.port, address=args.address, token=args.token, period_ms=args.period_ms,

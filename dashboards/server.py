@@ -4,36 +4,47 @@ Each browser session gets its own `DashboardState` (its own read-only store conn
 callback that polls the runs. Loopback by default; another address needs a token (dashboards/access.py):
 a session opened without `?token=` shows only a refusal, and its toggle requests are refused too.
 
+Every request must name a served address in its Host header (dashboards/access.py: a DNS-rebinding page
+is refused with 403 before any handler runs), and the page's websocket must come from one of them.
+
 Two small JSON endpoints beside the page, for scripts and tests (token in the `X-Rlkit-Token` header when
-one is set; a toggle must be POSTed as application/json from the page's own origin or from no browser):
+one is set; a toggle must be POSTed as application/json from a served origin or from no browser):
 
     GET  /api/status                          -> {"runs": [{"label", "steps", "paths", "pending", "platform",
                                                   "progress" (the warm start's, before step 0), ...}]}
-    POST /api/toggle {"run", "op", "path"}    -> {"request_id": 3}   (403 without the token)
+    POST /api/toggle {"run", "op", "path"[, "source"]}  -> {"request_id": 3}
 
-    python -m rlkit.dashboards.server runs/a runs/b --port 5006      # the same as `rlkit dashboard`
+A toggle answers 400 for a malformed body (fields must be strings; `source` at most SOURCE_MAX characters),
+403 without the token or from another origin, 404 for an unknown run, 409 for a run that has not started or
+has finished (nothing would apply the toggle), 413 for a body over BODY_MAX bytes, 415 for a non-JSON body.
+
+Started by `rlkit dashboard runs/a runs/b --port 5006` (dashboards/commands.py) or `serve()` from Python.
 """
 
 from __future__ import annotations
 
 import json
 import signal
-import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import panel as pn
 from tornado.ioloop import PeriodicCallback
+from tornado.routing import Matcher, Rule
 from tornado.web import RequestHandler
 
 from rlkit.timeline.store import RunStore, StoreError
 
-from .access import DEFAULT_PORT, TOKEN_HEADER, TOKEN_PARAM, AccessError, check_serve_policy, is_loopback, session_token, \
-    token_matches
-from .state import DashboardState, initial_paths, request_toggle_in, run_labels
+from .access import (DEFAULT_PORT, TOKEN_HEADER, TOKEN_PARAM, AccessError, check_serve_policy, host_allowed,
+                     served_hosts, session_token, token_matches)
+from .state import DashboardState, RunNotToggleable, initial_paths, request_toggle_in, run_labels
 from .views import EXTENSIONS, Dashboard
 
 REFUSED_TITLE = "Refused: this rlkit dashboard needs its token"
+SOURCE_MAX = 200
+"""Characters of a toggle request's `source` (who asked: "dashboard", "api", a script's name)."""
+BODY_MAX = 4096
+"""Bytes of a toggle request's JSON body."""
 
 
 def url(address: str, port: int, token: str | None) -> str:
@@ -67,9 +78,33 @@ def make_app(run_dirs, token: str | None = None, period_ms: int = 1000):
     return app
 
 
+class _ForeignHost(Matcher):
+    """Matches a request whose Host header names no address this dashboard serves."""
+
+    def __init__(self, allowed: list[str]):
+        self.allowed = allowed
+
+    def match(self, request):
+        return None if host_allowed(request.host, self.allowed) else {}
+
+
+class _HostRefused(RequestHandler):
+    def prepare(self):
+        self.set_status(403)
+        self.set_header("Content-Type", "text/plain")
+        self.finish(f"refused: Host {self.request.host!r} is not an address this dashboard serves\n")
+
+
+def refuse_foreign_hosts(app, allowed: list[str]) -> None:
+    """Put a first rule into a tornado Application's router: any request with a foreign Host gets 403
+    before the page or an endpoint sees it."""
+    rule = app.default_router.process_rule(Rule(_ForeignHost(allowed), _HostRefused))
+    app.default_router.rules.insert(0, rule)
+
+
 class _ApiHandler(RequestHandler):
-    def initialize(self, runs: dict[str, Path], token: str | None):
-        self.runs, self.token = runs, token
+    def initialize(self, runs: dict[str, Path], token: str | None, hosts: list[str]):
+        self.runs, self.token, self.hosts = runs, token, hosts
 
     def _reply(self, status: int, body: dict) -> None:
         self.set_status(status)
@@ -78,6 +113,9 @@ class _ApiHandler(RequestHandler):
         self.finish(json.dumps(body))
 
     def _allowed(self) -> bool:
+        if not host_allowed(self.request.host, self.hosts):  # also refused by the router's first rule
+            self._reply(403, {"error": f"refused: Host {self.request.host!r} is not served here"})
+            return False
         presented = self.request.headers.get(TOKEN_HEADER)
         if not token_matches(self.token, presented):
             how = "without a token" if not presented else "with a wrong token"
@@ -95,7 +133,12 @@ class StatusHandler(_ApiHandler):
         for label, path in self.runs.items():
             entry = {"label": label, "run_dir": str(path), "exists": (path / "run.sqlite").is_file()}
             if entry["exists"]:
-                store = RunStore.open(path, readonly=True)
+                try:
+                    store = RunStore.open(path, readonly=True)
+                except StoreError as e:
+                    entry["error"] = str(e)
+                    out.append(entry)
+                    continue
                 try:
                     steps = store.steps()
                     cfg = store.config()
@@ -105,10 +148,15 @@ class StatusHandler(_ApiHandler):
                                  toggles=[t.to_dict() for t in store.toggles()],
                                  platform=store.info("platform"),
                                  progress=None if steps else store.info("progress"))
+                except StoreError as e:
+                    entry["error"] = str(e)
                 finally:
                     store.close()
             out.append(entry)
         self._reply(200, {"runs": out})
+
+
+TOGGLE_SHAPE = 'expected a JSON object {"run": LABEL, "op": OP, "path": "strict"|"native"[, "source": TEXT]}'
 
 
 class ToggleHandler(_ApiHandler):
@@ -120,17 +168,31 @@ class ToggleHandler(_ApiHandler):
         if not self.request.headers.get("Content-Type", "").startswith("application/json"):
             return self._reply(415, {"error": "send the toggle as application/json: {\"run\", \"op\", \"path\"}"})
         origin = self.request.headers.get("Origin")
-        if origin and urlsplit(origin).netloc != self.request.host:
-            return self._reply(403, {"error": f"refused: cross-origin request from {origin}"})
+        if origin and not host_allowed(urlsplit(origin).netloc, self.hosts):
+            return self._reply(403, {"error": f"refused: cross-origin request from {origin[:100]}"})
+        if len(self.request.body or b"") > BODY_MAX:
+            return self._reply(413, {"error": f"the body is over {BODY_MAX} bytes"})
         try:
             body = json.loads(self.request.body or b"{}")
-            label, op, path = body["run"], body["op"], body["path"]
-        except (ValueError, KeyError, TypeError):
-            return self._reply(400, {"error": "expected JSON {\"run\": LABEL, \"op\": OP, \"path\": strict|native}"})
+        except ValueError:
+            return self._reply(400, {"error": f"not JSON; {TOGGLE_SHAPE}"})
+        if not isinstance(body, dict):
+            return self._reply(400, {"error": TOGGLE_SHAPE})
+        unknown = sorted(set(body) - {"run", "op", "path", "source"})
+        wrong = [k for k in ("run", "op", "path") if not isinstance(body.get(k), str)]
+        source = body.get("source", "api")
+        if unknown or wrong or not isinstance(source, str):
+            what = f"unknown field {unknown[0]!r}" if unknown else f"field {(wrong or ['source'])[0]!r} must be a string"
+            return self._reply(400, {"error": f"{what}; {TOGGLE_SHAPE}"})
+        if not 0 < len(source) <= SOURCE_MAX:
+            return self._reply(400, {"error": f"source must be 1 to {SOURCE_MAX} characters"})
+        label, op, path = body["run"], body["op"], body["path"]
         if label not in self.runs:
-            return self._reply(404, {"error": f"no run {label!r}; runs: {', '.join(self.runs)}"})
+            return self._reply(404, {"error": f"no run {label[:100]!r}; runs: {', '.join(self.runs)}"})
         try:
-            request_id = request_toggle_in(self.runs[label], op, path, str(body.get("source", "api")))
+            request_id = request_toggle_in(self.runs[label], op, path, source)
+        except RunNotToggleable as e:
+            return self._reply(409, {"error": str(e)})
         except StoreError as e:
             return self._reply(400, {"error": str(e)})
         self._reply(200, {"request_id": request_id, "run": label, "op": op, "path": path})
@@ -155,14 +217,16 @@ def serve(run_dirs, port: int = DEFAULT_PORT, address: str = "127.0.0.1", token:
     address without a token, OSError when the port is taken."""
     check_serve_policy(address, token)
     runs = run_labels(run_dirs)
-    api = dict(runs=runs, token=token)
-    # The page's websocket: any origin when a token guards the sessions, else only this machine's names.
-    origins = ["*"] if not is_loopback(address) else [f"localhost:{port}", f"127.0.0.1:{port}"]
+    hosts = served_hosts(address, port)
+    api = dict(runs=runs, token=token, hosts=hosts)
+    # The page's websocket: only from the served names (Bokeh's list takes no bracketed IPv6 names)
+    origins = [h for h in hosts if not h.startswith("[")]
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # before Panel's
     server = pn.serve({"/": make_app(list(runs.values()), token, period_ms)}, port=port, address=address,
                       websocket_origin=origins, show=False, start=False, title="rlkit dashboard",
                       extra_patterns=[(r"/api/status", StatusHandler, api), (r"/api/toggle", ToggleHandler, api)],
                       verbose=False, location=False)
+    refuse_foreign_hosts(server._tornado, hosts)  # Bokeh's tornado Application (no public accessor)
     loop = server.io_loop
     loop.asyncio_loop.set_exception_handler(_quiet_closed_sockets)
 
@@ -186,16 +250,6 @@ def serve(run_dirs, port: int = DEFAULT_PORT, address: str = "127.0.0.1", token:
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def main(argv=None) -> int:
-    from rlkit.cli import main as cli_main
-
-    return cli_main(["dashboard", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 __all__ = ["serve", "make_app", "url", "AccessError", "DEFAULT_PORT"]

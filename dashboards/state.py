@@ -32,7 +32,7 @@ import param
 
 from rlkit.contract import OPS, PATHS
 from rlkit.timeline.records import StepSummary, SyncEvent, ToggleEvent, WeightVersion
-from rlkit.timeline.store import RunStore, StoreError, StoreFollower
+from rlkit.timeline.store import DB_NAME, RunStore, StoreError, StoreFollower
 from rlkit.timeline.timeline import Timeline, mismatches
 
 from .access import check_token
@@ -235,11 +235,22 @@ class RunState(param.Parameterized):
             self._timeline.close()
 
 
+class RunNotToggleable(StoreError):
+    """A toggle request for a run that has not started or has finished: nothing would ever apply it."""
+
+
 def request_toggle_in(run_dir, op: str, path: str, source: str) -> int:
     """Open the run's store for writing just long enough to add one toggle request (the run itself holds
-    the other writer connection; SQLite queues the two)."""
+    the other writer connection; SQLite queues the two). A run that has not started, or has committed every
+    planned step, is refused with RunNotToggleable."""
+    if not (Path(run_dir) / DB_NAME).is_file():
+        raise RunNotToggleable(f"{run_dir}: the run has not started yet; a toggle would have no run to apply it")
     store = RunStore.open(run_dir)
     try:
+        planned, last = store.config().get("steps"), store.last_step()
+        if isinstance(planned, int) and last is not None and last + 1 >= planned:
+            raise RunNotToggleable(f"{run_dir}: the run is finished ({last + 1} of {planned} steps); a toggle "
+                                   f"would never be applied")
         return store.request_toggle(op, path, source)
     finally:
         store.close()

@@ -2,32 +2,32 @@
 
     rlkit parity --preset tiny --path strict --json
     rlkit run --preset tiny --task arith --steps 50 --path strict --run-dir runs/a
-    rlkit report runs/a [--json]
+    rlkit run --resume runs/a
+    rlkit report runs/a [--json] [--check]
     rlkit dashboard runs/a runs/b
     rlkit lab
     rlkit bench kernels
 
-Bad arguments and unusable inputs end with one clear line on stderr and exit code 2 (never a traceback);
-`--debug` shows the traceback.
+Bad arguments and unusable inputs end with one clear line on stderr and exit code 2 (never a traceback),
+and are refused before anything is created; `--debug` shows the traceback. The dashboards register their
+own subcommands (`dashboard`, `lab`) through `rlkit.dashboards.commands.add_commands`, imported here only
+when the parser is built, so the library never imports the CLI.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
+import signal
 import sys
+import threading
 
+from rlkit.cli_args import (Parser, UsageError, bounded_nonneg_int, bounded_positive_int, finite_float,
+                            nonneg_int, positive_float)
 
-class UsageError(Exception):
-    """A problem with what the user asked for: printed as one line, exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument is one line on stderr (and `--help` still prints the usage)."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+__all__ = ["main", "build_parser", "UsageError", "run_config_from_args", "resume_conflicts"]
 
 
 @contextlib.contextmanager
@@ -45,32 +45,7 @@ def _stdout_to_stderr():
         os.close(saved)
 
 
-def _int_at_least(low: int):
-    """An argparse type: an integer >= low, refused in one line otherwise."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_nonneg_int = _int_at_least(0)
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-
-
+# -- rlkit parity ------------------------------------------------------------------------------------
 def _add_parity(sub) -> None:
     from rlkit.model.config import PRESETS
 
@@ -79,15 +54,15 @@ def _add_parity(sub) -> None:
     p.add_argument("--path", default="strict", choices=["strict", "native"])
     p.add_argument("--ops", default="", help="per-op overrides, e.g. attention=native,linear=strict")
     p.add_argument("--rollout", default="embedded", choices=["embedded", "vllm"])
-    p.add_argument("--prompts", type=_positive_int, default=16)
-    p.add_argument("--max-tokens", type=_positive_int, default=128)
-    p.add_argument("--temperature", type=_float, default=1.0)
-    p.add_argument("--top-k", type=_nonneg_int, default=0)
-    p.add_argument("--top-p", type=_float, default=1.0)
-    p.add_argument("--seed", type=_nonneg_int, default=0)
+    p.add_argument("--prompts", type=bounded_positive_int, default=16)
+    p.add_argument("--max-tokens", type=bounded_positive_int, default=128)
+    p.add_argument("--temperature", type=positive_float, default=1.0)
+    p.add_argument("--top-k", type=bounded_nonneg_int, default=0)
+    p.add_argument("--top-p", type=finite_float, default=1.0)
+    p.add_argument("--seed", type=bounded_nonneg_int, default=0)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    p.add_argument("--threads", type=_nonneg_int, default=1,
+    p.add_argument("--threads", type=nonneg_int, default=1,
                    help="torch threads (default 1: the strict CPU references run many small ops, which "
                         "extra threads slow down; 0 leaves torch's default)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -114,22 +89,216 @@ def _cmd_parity(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="rlkit", description="bitwise train-rollout consistency lab")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _add_parity(sub)
-    from rlkit import commands
+# -- rlkit run ---------------------------------------------------------------------------------------
+# (flag, RunConfig field, default): the run's settings. A new run takes them from the flags (defaults
+# below); a resumed run takes them from its store, and a flag that differs from the stored value is
+# refused (one line naming each), so a resumed run is always the run that was stored.
+RUN_SETTINGS = (
+    ("preset", "preset", "tiny"), ("task", "task", "arith"), ("steps", "steps", 50), ("path", "path", "strict"),
+    ("ops", "ops", ""), ("runner", "runner", "local"), ("trainer", "trainer", "embedded"),
+    ("engines", "engines", 1), ("rollout_tp", "rollout_tp", 1), ("trainer_tp", "trainer_tp", 1),
+    ("trainer_pp", "trainer_pp", 1), ("seed", "seed", 0), ("prompts", "prompts_per_step", None),
+    ("samples", "samples_per_prompt", None), ("max_tokens", "max_tokens", None),
+    ("temperature", "temperature", None), ("dtype", "dtype", None), ("device", "device", None),
+    ("warm_start", "warm_start_steps", None), ("threads", "threads", None),
+)
+RUN_HELP = """\
+A new run: --run-dir DIR (a new or empty directory). Every value is checked before anything is created
+(the device exists, the data files load, max-tokens fits the model, a finite temperature); a refused
+command leaves nothing behind.
 
-    commands.add_run(sub)
-    commands.add_report(sub)
-    commands.add_bench(sub)
-    try:  # the lab's commands (dashboard, lab) live with the dashboard
-        from rlkit.dashboards.commands import add_commands
-    except ImportError:
-        add_commands = None
-    if add_commands is not None:
-        add_commands(sub)
+--resume DIR continues a killed or stopped run from its last checkpoint with the settings stored in
+DIR: a flag that differs from the stored value is refused (one line naming each), and a store made under
+another contract is never continued. The checkpoint is taken from DIR's own checkpoints/ folder and must
+hold the weights whose checksum the store recorded; steps committed after it are recomputed and must come
+out bit for bit as stored. One writer per run directory: a second `rlkit run` on a directory in use is
+refused and writes nothing."""
+
+
+def _add_run(sub) -> None:
+    from rlkit.model.config import PRESETS
+
+    p = sub.add_parser("run", help="run RL (rollout, reward, recompute, divergence, update, sync)",
+                       description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run-dir", help="a new (empty) directory for the run store")
+    p.add_argument("--resume", metavar="DIR", help="continue a killed or stopped run from its last checkpoint")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="model preset (default tiny)")
+    p.add_argument("--task", choices=["arith", "gsm8k", "dapo"], help="default arith")
+    p.add_argument("--steps", type=bounded_positive_int, help="default 50")
+    p.add_argument("--path", choices=["strict", "native"], help="every op's kernel path (default strict)")
+    p.add_argument("--ops", help="per-op overrides, e.g. attention=native")
+    p.add_argument("--runner", choices=["local", "ray"], help="default local")
+    p.add_argument("--trainer", choices=["embedded", "megatron"], help="default embedded")
+    p.add_argument("--engines", type=bounded_positive_int, help="rollout engines (default 1)")
+    p.add_argument("--rollout-tp", type=bounded_positive_int,
+                   help="tensor-parallel ranks of each rollout engine (needs --runner ray; default 1)")
+    p.add_argument("--trainer-tp", type=bounded_positive_int,
+                   help="Megatron trainer's tensor-parallel ranks (needs --trainer megatron --runner ray)")
+    p.add_argument("--trainer-pp", type=bounded_positive_int, help="Megatron trainer's pipeline stages (as above)")
+    p.add_argument("--seed", type=bounded_nonneg_int, help="default 0")
+    p.add_argument("--prompts", type=bounded_positive_int, help="prompts per step")
+    p.add_argument("--samples", type=bounded_positive_int, help="samples per prompt")
+    p.add_argument("--max-tokens", type=bounded_positive_int,
+                   help="new tokens per sample (at most the model's sequence length, prompt included)")
+    p.add_argument("--temperature", type=positive_float, help="a finite number > 0")
+    p.add_argument("--dtype", choices=["bf16", "fp32"])
+    p.add_argument("--device", help="cpu | cuda | cuda:N (must exist here)")
+    p.add_argument("--warm-start", type=bounded_nonneg_int, help="supervised arithmetic steps first")
+    p.add_argument("--threads", type=bounded_nonneg_int,
+                   help="torch threads (the lab preset uses 1: the strict CPU references run many small ops)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_run)
+
+
+def _given(args) -> dict:
+    return {flag: getattr(args, flag) for flag, _, _ in RUN_SETTINGS if getattr(args, flag) is not None}
+
+
+def _field_value(flag: str, value):
+    """A flag's value as the RunConfig field holds it."""
+    if flag == "ops":
+        from rlkit.contract import NumericsContract
+
+        return NumericsContract.parse_ops(value) if value else {}
+    if flag == "dtype":
+        from rlkit.model.config import DTYPE_ALIASES
+
+        return DTYPE_ALIASES[value]
+    return value
+
+
+def run_config_from_args(args):
+    """The RunConfig of a new run: the lab preset's values for the tiny arithmetic run, else RunConfig's,
+    with every given flag on top."""
+    from rlkit.config import RunConfig, lab_default
+
+    values = {flag: default for flag, _, default in RUN_SETTINGS if default is not None}
+    values.update(_given(args))
+    base = lab_default() if values["task"] == "arith" and values["preset"] == "tiny" else RunConfig()
+    overrides = {field: _field_value(flag, values[flag]) for flag, field, _ in RUN_SETTINGS if flag in values}
+    if values["task"] != "arith" and "warm_start" not in values:
+        overrides["warm_start_steps"] = 0
+    return base.replace(**overrides)
+
+
+def resume_conflicts(args, stored: dict) -> list[str]:
+    """The given flags whose value differs from the stored run config's, as '--flag VALUE (stored: X)'."""
+    out = []
+    for flag, field, _ in RUN_SETTINGS:
+        value = getattr(args, flag)
+        if value is not None and _field_value(flag, value) != stored.get(field):
+            shown = flag.replace("_", "-")
+            out.append(f"--{shown} {value} (stored: {stored.get(field)!r})")
+    return out
+
+
+def _cmd_run(args) -> int:
+    from rlkit.loop import run
+
+    if bool(args.run_dir) == bool(args.resume):
+        raise UsageError("give either --run-dir DIR (a new run) or --resume DIR")
+    stop = threading.Event()
+
+    def _graceful(signum, _frame):  # SIGTERM: finish the current step, then stop with complete records
+        stop.set()
+
+    if args.resume:
+        from rlkit.timeline.lock import check_free
+        from rlkit.timeline.store import RunStore
+
+        check_free(args.resume)  # a run still starting has its lock before its store
+        with RunStore.open(args.resume, readonly=True, untouched=True) as peek:  # lock-free, creates nothing
+            stored = peek.config()
+        conflicts = resume_conflicts(args, stored)
+        if conflicts:
+            raise UsageError(f"--resume continues the run with the settings stored in {args.resume}; these flags "
+                             f"differ from them: {', '.join(conflicts)} (drop them, or start a new run)")
+        cfg = None
+    else:
+        try:
+            cfg = run_config_from_args(args)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    from rlkit.train.warm_start import WarmStartStopped
+
+    previous = signal.signal(signal.SIGTERM, _graceful)
+    try:
+        store = run(args.resume or args.run_dir, cfg, resume=bool(args.resume), progress=not args.no_progress,
+                    stop=stop)
+    except WarmStartStopped as e:  # a stop request before step 0: the store holds no step
+        print(f"rlkit run: {e}; no step was written", file=sys.stderr)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    last = store.last_step()
+    print(f"run {store.run_dir}: {0 if last is None else last + 1} complete steps", file=sys.stderr)
+    return 0
+
+
+# -- rlkit report ------------------------------------------------------------------------------------
+REPORT_KEYS = ("step", "weight_version", "compared_tokens", "mismatch_count", "max_abs_diff", "reward_mean")
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="one row per step of a run: divergence and reward",
+                       description="One row per step. The store's integrity is checked first (SQLite's "
+                                   "integrity_check and every step row); a damaged store is an error. "
+                                   "--check prints only the verdict: 'ok', or each problem (exit 1).")
+    p.add_argument("run_dir")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--check", action="store_true", help="check the store's integrity only")
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args) -> int:
+    from rlkit.timeline.store import RunStore, StoreError
+
+    with RunStore.open(args.run_dir, readonly=True) as store:  # a reader: never takes the writer's lock
+        problems = store.integrity_problems()
+        if args.check:
+            for line in problems or ["ok"]:
+                print(f"{store.run_dir}: {line}" if problems else line)
+            return 1 if problems else 0
+        if problems:
+            raise StoreError(f"{store.run_dir} is damaged: {problems[0]} ({len(problems)} problem(s); "
+                             f"rlkit report --check lists them)")
+        rows = [{k: getattr(s, k) for k in REPORT_KEYS} for s in store.steps()]
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'step':>5} {'version':>7} {'compared':>9} {'mismatch':>9} {'max_abs_diff':>13} {'reward':>7}")
+    for r in rows:
+        print(f"{r['step']:5d} {r['weight_version']:7d} {r['compared_tokens']:9d} {r['mismatch_count']:9d} "
+              f"{r['max_abs_diff']:13.6g} {r['reward_mean']:7.3f}")
+    return 0
+
+
+# -- rlkit bench -------------------------------------------------------------------------------------
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="benchmarks (write long-format rows, render BENCHMARKS.md)")
+    p.add_argument("what", choices=["kernels"])
+    p.add_argument("rest", nargs="*", help="arguments passed to the benchmark")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args) -> int:
+    from rlkit.bench.kernels import main as bench_kernels
+
+    return int(bench_kernels(args.rest) or 0)
+
+
+# -- the parser and main -----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="rlkit", description="bitwise train-rollout consistency lab")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    _add_parity(sub)
+    _add_run(sub)
+    _add_report(sub)
+    _add_bench(sub)
+    from rlkit.dashboards.commands import add_commands  # the lab's commands live with the dashboard
+
+    add_commands(sub)
     return parser
 
 
@@ -146,12 +315,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         from rlkit.contract import ContractError
-
         from rlkit.timeline.store import StoreError
 
         known = (UsageError, ContractError, FileNotFoundError, ValueError, RuntimeError, StoreError)
         kind = "" if isinstance(exc, known) else f"{type(exc).__name__}: "
-        print(f"rlkit {args.command}: error: {kind}{exc}", file=sys.stderr)
+        message = " ".join(str(exc).split())
+        print(f"rlkit {args.command}: error: {kind}{message}", file=sys.stderr)
         return 2
 
 

@@ -34,7 +34,7 @@ class Problem:
 
 
 class DataError(FileNotFoundError):
-    pass
+    """A data file that is missing, unreadable or not what its loader expects; one line naming the file."""
 
 
 def _path(*parts: str) -> Path:
@@ -44,40 +44,84 @@ def _path(*parts: str) -> Path:
     return p
 
 
+def _one_line(e: Exception) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())
+
+
+DAPO_COLUMNS = ("prompt", "reward_model", "extra_info")
+
+
 def load_dapo(limit: int | None = None) -> list[Problem]:
     """DAPO-Math-17k (unique prompts): the bare problem and its integer answer."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(_path("dapo-math-17k", "dapo_math_17k.parquet"),
-                          columns=["prompt", "reward_model", "extra_info"])
+    path = _path("dapo-math-17k", "dapo_math_17k.parquet")
+    try:
+        names = pq.read_schema(path).names
+        missing = [c for c in DAPO_COLUMNS if c not in names]
+        if missing:
+            raise DataError(f"{path}: no column {missing[0]!r} (columns: {', '.join(names) or 'none'})")
+        table = pq.read_table(path, columns=list(DAPO_COLUMNS))
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, DataError):
+            raise
+        raise DataError(f"{path}: not a readable parquet file ({_one_line(e)})") from None
     rows = table.slice(0, limit).to_pylist() if limit else table.to_pylist()
     out = []
     for i, row in enumerate(rows):
-        content = row["prompt"][0]["content"]
-        index = (row.get("extra_info") or {}).get("index", i)
-        out.append(Problem(f"dapo-{index}", content, str(row["reward_model"]["ground_truth"]), "dapo"))
+        try:
+            content = row["prompt"][0]["content"]
+            index = (row.get("extra_info") or {}).get("index", i)
+            answer = row["reward_model"]["ground_truth"]
+        except (KeyError, IndexError, TypeError) as e:
+            raise DataError(f"{path}: row {i} is not a DAPO problem (prompt[0].content, "
+                            f"reward_model.ground_truth): {_one_line(e)}") from None
+        if not isinstance(content, str) or answer is None:
+            raise DataError(f"{path}: row {i} has no problem text or no ground truth")
+        out.append(Problem(f"dapo-{index}", content, str(answer), "dapo"))
+    if not out:
+        raise DataError(f"{path}: no problems in the file")
     return out
 
 
-def _jsonl(path: Path, limit: int | None):
+def _jsonl(path: Path, limit: int | None, fields: tuple[str, ...]) -> list[dict]:
+    """The objects of a JSON-lines file, each with `fields` (strings); DataError names the line otherwise."""
     out = []
-    with path.open() as f:
-        for line in f:
-            if limit is not None and len(out) >= limit:
-                break
-            if line.strip():
-                out.append(json.loads(line))
+    try:
+        with path.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if limit is not None and len(out) >= limit:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as e:
+                    raise DataError(f"{path}: line {n} is not JSON ({e})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}: line {n} is not a JSON object")
+                for name in fields:
+                    if not isinstance(row.get(name), str):
+                        raise DataError(f"{path}: line {n} has no {name!r} text field")
+                out.append(row)
+    except (OSError, UnicodeDecodeError) as e:
+        if isinstance(e, DataError):
+            raise
+        raise DataError(f"{path}: cannot read the file ({_one_line(e)})") from None
+    if not out:
+        raise DataError(f"{path}: no problems in the file (it is empty)")
     return out
 
 
 def load_gsm8k(split: str = "train", limit: int | None = None) -> list[Problem]:
     if split not in ("train", "test"):
         raise ValueError(f"gsm8k split {split!r}; expected train or test")
-    rows = _jsonl(_path("gsm8k", f"{split}.jsonl"), limit)
+    rows = _jsonl(_path("gsm8k", f"{split}.jsonl"), limit, ("question", "answer"))
     return [Problem(f"gsm8k-{split}-{i}", r["question"], r["answer"].split("####")[-1].strip().replace(",", ""),
                     "gsm8k") for i, r in enumerate(rows)]
 
 
 def load_math500(limit: int | None = None) -> list[Problem]:
-    rows = _jsonl(_path("math500", "test.jsonl"), limit)
-    return [Problem(f"math500-{i}", r["problem"], str(r["answer"]), "math500") for i, r in enumerate(rows)]
+    rows = _jsonl(_path("math500", "test.jsonl"), limit, ("problem", "answer"))
+    return [Problem(f"math500-{i}", r["problem"], r["answer"], "math500") for i, r in enumerate(rows)]

@@ -26,6 +26,12 @@ class Task:
     reward: Callable[[str, str], float]
     default_max_tokens: int
 
+    def prepare(self, seed: int) -> None:
+        """Load and check the task's data now (DataError naming the file and what is wrong), so a run
+        refuses bad data before it creates anything; problems() then reads the cached pool."""
+        if self.name != "arith":
+            _shuffled(self.name, seed)
+
     def problems(self, step: int, n: int, seed: int) -> list[Problem]:
         """The n problems of `step`: the same on every run with this seed (resume relies on it)."""
         if self.name == "arith":

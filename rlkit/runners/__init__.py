@@ -1,6 +1,6 @@
 """Runners place the trainer and the rollout engines: in this process, or in Ray actors."""
 
-from rlkit.runners.base import Runner, SyncError, initial_model
+from rlkit.runners.base import Runner, SyncError, seeded_model
 from rlkit.runners.local import LocalRunner
 
 
@@ -12,4 +12,4 @@ def make_runner(cfg, model, contract, **kw) -> Runner:
     return LocalRunner(cfg, model, contract)
 
 
-__all__ = ["Runner", "LocalRunner", "SyncError", "initial_model", "make_runner"]
+__all__ = ["Runner", "LocalRunner", "SyncError", "seeded_model", "make_runner"]

@@ -62,17 +62,11 @@ def split_requests(requests: Sequence[GenerationRequest], cfg: RunConfig) -> lis
     return parts
 
 
-def initial_model(cfg: RunConfig, progress: bool = False, stop=None, on_warm_start_step=None) -> Qwen3ForCausalLM:
-    """The seeded model the run starts from (after the warm start, when the config asks for one).
-    `stop` and `on_warm_start_step` go to the warm start (rlkit/train/warm_start.py)."""
+def seeded_model(cfg: RunConfig) -> Qwen3ForCausalLM:
+    """The seeded model a run starts from, before its warm start (rlkit/train/warm_start.py, which the loop
+    runs when the config asks for one)."""
     cfg, _ = cfg.with_resolved_dtype()
-    model = build_model(preset(cfg.preset).with_dtype(cfg.dtype), seed=cfg.seed, device=cfg.device)
-    if cfg.warm_start_steps:
-        from rlkit.train.warm_start import warm_start
-
-        warm_start(model, cfg.warm_start_steps, seed=cfg.seed, progress=progress, stop=stop,
-                   on_step=on_warm_start_step)
-    return model
+    return build_model(preset(cfg.preset).with_dtype(cfg.dtype), seed=cfg.seed, device=cfg.device)
 
 
 def make_trainer(cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract):

@@ -40,6 +40,8 @@ from rlkit.timeline.records import (CheckpointRef, Recompute, RecordError, Rollo
 
 SCHEMA_VERSION = 1
 DB_NAME = "run.sqlite"
+LOCK_NAME = "run.lock"
+"""The run writer's lock file (rlkit/timeline/lock.py): part of a run directory, not of the store."""
 BUSY_TIMEOUT_S = 30.0
 """How long a connection waits for another process's write lock (the run's commit, a dashboard's toggle
 request) before giving up; a commit takes milliseconds, so hitting this means a process hangs holding it."""
@@ -128,14 +130,7 @@ class RunStore:
     def create(cls, run_dir: str | os.PathLike, config: dict[str, Any]) -> "RunStore":
         """A new run in `run_dir` (created if missing; refused if it exists and is not empty)."""
         run_dir = Path(run_dir)
-        if run_dir.exists():
-            if not run_dir.is_dir():
-                raise StoreError(f"cannot create a run at {run_dir}: it exists and is not a directory")
-            entries = sorted(p.name for p in run_dir.iterdir())
-            if entries:
-                raise StoreError(f"refusing to create a run in {run_dir}: the directory is not empty "
-                                 f"({len(entries)} entries, e.g. {entries[0]}); pick a new run directory "
-                                 f"or resume this one")
+        cls.check_new(run_dir)
         try:
             config_text = json.dumps(config, sort_keys=True)
         except (TypeError, ValueError) as e:
@@ -160,9 +155,27 @@ class RunStore:
         _fsync_dir(run_dir)
         return cls.open(run_dir)
 
+    @staticmethod
+    def check_new(run_dir: str | os.PathLike) -> None:
+        """StoreError unless `run_dir` can hold a new run: missing, or an empty directory (its writer's lock
+        file aside). Creates nothing."""
+        run_dir = Path(run_dir)
+        if run_dir.exists():
+            if not run_dir.is_dir():
+                raise StoreError(f"cannot create a run at {run_dir}: it exists and is not a directory")
+            entries = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_NAME)
+            if entries:
+                raise StoreError(f"refusing to create a run in {run_dir}: the directory is not empty "
+                                 f"({len(entries)} entries, e.g. {entries[0]}); pick a new run directory "
+                                 f"or resume this one")
+
     @classmethod
-    def open(cls, run_dir: str | os.PathLike, readonly: bool = False) -> "RunStore":
-        """An existing run. `readonly=True` opens with SQLite's mode=ro: safe beside the running writer."""
+    def open(cls, run_dir: str | os.PathLike, readonly: bool = False, untouched: bool = False) -> "RunStore":
+        """An existing run. `readonly=True` opens with SQLite's mode=ro: safe beside the running writer.
+        `untouched=True` (read-only) also creates no file: a reader in WAL mode makes run.sqlite-wal and -shm
+        beside the database; when there is no WAL file (no writer connected, nothing uncommitted), the
+        database is opened as immutable instead, which reads the file alone. For checks that must leave a
+        run directory exactly as they found it (a refused resume)."""
         run_dir = Path(run_dir)
         db = run_dir / DB_NAME
         if not run_dir.exists():
@@ -174,7 +187,9 @@ class RunStore:
         conn = None
         try:
             if readonly:
-                conn = sqlite3.connect(db.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None,
+                immutable = untouched and not (run_dir / (DB_NAME + "-wal")).exists()
+                conn = sqlite3.connect(db.resolve().as_uri() + "?mode=ro" + ("&immutable=1" if immutable else ""),
+                                       uri=True, isolation_level=None,
                                        timeout=BUSY_TIMEOUT_S, check_same_thread=False)
                 conn.execute("PRAGMA query_only=ON")
             else:
@@ -261,7 +276,14 @@ class RunStore:
 
     # -- meta -----------------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
-        return json.loads(self._rows("SELECT value FROM meta WHERE key = 'config'")[0][0])
+        rows = self._rows("SELECT value FROM meta WHERE key = 'config'")
+        try:
+            config = json.loads(rows[0][0])
+            if not isinstance(config, dict):
+                raise ValueError(f"a {type(config).__name__}, not an object")
+        except (IndexError, TypeError, ValueError) as e:
+            raise StoreError(f"{self.run_dir / DB_NAME}: the stored run config is missing or garbled ({e})") from None
+        return config
 
     @property
     def schema_version(self) -> int:
@@ -481,8 +503,32 @@ class RunStore:
 
     # -- reading --------------------------------------------------------------------------------
     def steps(self) -> list[StepSummary]:
-        return [StepSummary.from_dict(json.loads(s)) for (s,) in
-                self._rows("SELECT summary FROM steps ORDER BY step")]
+        return [self._summary(n, s) for n, s in self._rows("SELECT step, summary FROM steps ORDER BY step")]
+
+    def _summary(self, step: Any, text: Any) -> StepSummary:
+        """A step row's summary, or one StoreError line for a garbled row (a damaged store)."""
+        try:
+            return StepSummary.from_dict(json.loads(text))
+        except (TypeError, ValueError, RecordError) as e:
+            raise StoreError(f"{self.run_dir / DB_NAME}: the row of step {step} is garbled ({e}); the store is "
+                             f"damaged (rlkit report --check lists what is wrong)") from None
+
+    def integrity_problems(self, limit: int = 10) -> list[str]:
+        """What is wrong with the store: SQLite's `PRAGMA integrity_check` (pages, indexes, constraints) and
+        every step row read back as a StepSummary. [] for a sound store; at most `limit` lines."""
+        try:
+            with self._read() as c:
+                found = [row[0] for row in c.execute(f"PRAGMA integrity_check({int(limit)})")]
+                rows = c.execute("SELECT step, summary FROM steps ORDER BY step").fetchall()
+        except StoreError as e:
+            return [str(e)]
+        problems = [] if found == ["ok"] else [" ".join(str(f).split()) for f in found]
+        for step, text in rows:
+            try:
+                self._summary(step, text)
+            except StoreError as e:
+                problems.append(str(e))
+        return problems[:limit]
 
     def last_step(self) -> int | None:
         with self._read() as c:
@@ -543,8 +589,8 @@ class RunStore:
         return CheckpointRef(*rows[0]) if rows else None
 
     def _steps_since(self, commit_seq: int) -> list[tuple[int, StepSummary]]:
-        return [(seq, StepSummary.from_dict(json.loads(s))) for seq, s in self._rows(
-            "SELECT commit_seq, summary FROM steps WHERE commit_seq > ? ORDER BY commit_seq", (commit_seq,))]
+        return [(seq, self._summary(n, s)) for seq, n, s in self._rows(
+            "SELECT commit_seq, step, summary FROM steps WHERE commit_seq > ? ORDER BY commit_seq", (commit_seq,))]
 
 
 def _last_step(c: sqlite3.Connection) -> int | None:
