@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import secrets
 
 DEFAULT_PORT = 5006
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
@@ -67,10 +66,6 @@ def check_token(required: str | None, presented: str | None, what: str = "reques
         how = "without a token" if not presented else "with a wrong token"
         raise TokenRefused(f"{what} refused: this dashboard was started with --token and the {what} came {how}; "
                            f"open the page as /?{TOKEN_PARAM}=<token> (or send the {TOKEN_HEADER} header)")
-
-
-def new_token() -> str:
-    return secrets.token_urlsafe(16)
 
 
 def session_token(session_args: dict) -> str | None:

@@ -60,14 +60,6 @@ def flatten(x) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
-def per_token_diff(rollout, trainer) -> torch.Tensor:
-    """trainer - rollout per token (fp64 so tiny differences show), flattened."""
-    r, t = flatten(rollout), flatten(trainer)
-    if r.shape != t.shape:
-        raise ValueError(f"rollout has {r.numel()} tokens, trainer {t.numel()}")
-    return t.double() - r.double()
-
-
 def logprob_divergence(rollout, trainer) -> DivergenceStats:
     """Stats over aligned token logprobs (tensors or lists of per-sequence tensors/lists)."""
     r, t = flatten(rollout), flatten(trainer)

@@ -1,7 +1,7 @@
 """Qwen3 (dense) configuration and the named presets.
 
 Presets are functions returning a complete config (`presets["tiny"]()`): the four real Qwen3 dense sizes
-read from the shared data folder's config summary, and `tiny`, the same architecture with small dims and
+read from the data folder's config summary, and `tiny`, the same architecture with small dims and
 the real vocabulary (151,936) for the CPU.
 """
 
@@ -22,7 +22,8 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", **{k:
 
 
 def data_dir() -> Path:
-    """The shared data folder: $RLKIT_DATA, else ../shared/data beside the repository."""
+    """The data folder (tokenizer, datasets, Qwen3 config summary): $RLKIT_DATA; unset, `shared/data` in
+    the folder that holds the repository checkout (the development layout)."""
     env = os.environ.get("RLKIT_DATA")
     if env:
         return Path(env)
@@ -105,7 +106,7 @@ def _from_summary(key: str, name: str) -> Callable[[], Qwen3Config]:
     def preset() -> Qwen3Config:
         path = data_dir() / "qwen3-configs" / "qwen3_dense_configs_summary.json"
         if not path.is_file():
-            raise FileNotFoundError(f"preset {name!r} reads {path}; set RLKIT_DATA to the shared data folder")
+            raise FileNotFoundError(f"preset {name!r} reads {path}; set RLKIT_DATA to the data folder")
         entry = json.loads(path.read_text())[key]
         return Qwen3Config.from_hf({**entry, "model_type": "qwen3"}, name=name)
 
