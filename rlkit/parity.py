@@ -28,11 +28,10 @@ import torch
 
 from rlkit import ops
 from rlkit.contract import NumericsContract
-from rlkit.divergence import ActivationRecorder, DivergenceStats, first_divergence, flatten, logprob_divergence
+from rlkit.divergence import DivergenceStats, flatten, locate_first_divergence, logprob_divergence
 from rlkit.kernels.logprob import SamplingParams
 from rlkit.model import build_model, preset
 from rlkit.model.config import DTYPE_ALIASES
-from rlkit.model.qwen3 import ForwardBatch
 from rlkit.rollout import EmbeddedEngine, EngineConfig, GenerationRequest, SamplingConfig
 from rlkit.train.recompute import response_logprobs
 
@@ -195,34 +194,6 @@ def run_parity(settings: ParitySettings, log=None) -> ParityReport:
     return ParityReport(contract, settings, links, pairs, fd, notes, [len(s) for s in seqs])
 
 
-def locate_first_divergence(model, contract, engine, seqs, plens, ids) -> dict | None:
-    """Trainer packed forward vs the engine's teacher-forced decode of the same tokens, every op captured."""
-    trainer_rec = ActivationRecorder(model)
-    with trainer_rec, ops.use_contract(contract), torch.no_grad():
-        hidden = model(ForwardBatch.packed([torch.tensor(s, device=model.device) for s in seqs], seq_ids=ids))
-    rollout_rec = ActivationRecorder(model)
-    with rollout_rec:
-        replayed = engine.replay([s[:p] for s, p in zip(seqs, plens)], [s[p:] for s, p in zip(seqs, plens)],
-                                 request_ids=ids)
-    # compare the rows the decode produced: the last prompt position and every response position
-    keys = [(rid, pos) for rid, s, p in zip(ids, seqs, plens) for pos in range(p - 1, len(s))]
-    found = first_divergence(trainer_rec, rollout_rec, keys)
-    if found is not None:
-        return found.to_dict()
-    with ops.use_contract(contract), torch.no_grad():
-        offsets = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
-        rows = torch.cat([torch.arange(int(offsets[i]) + p - 1, int(offsets[i]) + len(s) - 1)
-                          for i, (s, p) in enumerate(zip(seqs, plens))])
-        targets = torch.cat([torch.tensor(s[p:]) for s, p in zip(seqs, plens)]).to(model.device)
-        trainer_lp = model.logprobs(hidden[rows.to(model.device)], targets)
-    stats = logprob_divergence(torch.cat(replayed), trainer_lp)
-    if stats.mismatch_count:
-        return {"layer": "head", "op": "logprob", "site": "lm_head + log-softmax", "module": "lm_head",
-                "differing_rows": stats.mismatch_count, "compared_rows": stats.compared_tokens,
-                "differing_elements": stats.mismatch_count, "max_abs_diff": stats.max_abs_diff, "first_key": None}
-    return None
-
-
 def report_json(report: ParityReport) -> str:
     return json.dumps(report.to_json(), indent=2)
 
@@ -234,5 +205,4 @@ def settings_from_args(args) -> ParitySettings:
                           top_k=args.top_k, top_p=args.top_p, seed=args.seed, dtype=args.dtype, device=args.device)
 
 
-__all__ = ["ParitySettings", "ParityReport", "run_parity", "locate_first_divergence", "report_json",
-           "settings_from_args"]
+__all__ = ["ParitySettings", "ParityReport", "run_parity", "report_json", "settings_from_args"]
