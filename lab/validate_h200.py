@@ -127,7 +127,7 @@ def main() -> int:
     for path, minutes in args.phases:
         cfg = validation_0_6b(path=path, steps=args.steps)
         if args.dry_run:
-            cfg = cfg.replace(preset="tiny", device="cpu", max_tokens=16, threads=1)
+            cfg = cfg.replace(model="tiny", device="cpu", max_tokens=16, threads=1)
         before = 0
         if (work / path / DB_NAME).exists():
             with RunStore.open(work / path, readonly=True) as s:

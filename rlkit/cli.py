@@ -72,10 +72,10 @@ def _float(text: str) -> float:
 
 
 def _add_parity(sub) -> None:
-    from rlkit.model.config import PRESETS
+    from rlkit.model.config import MODEL_PRESETS
 
     p = sub.add_parser("parity", help="run the parity chain and the trainer-vs-decode comparison")
-    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    p.add_argument("--preset", default="tiny", choices=sorted(MODEL_PRESETS))
     p.add_argument("--path", default="strict", choices=["strict", "native"])
     p.add_argument("--ops", default="", help="per-op overrides, e.g. attention=native,linear=strict")
     p.add_argument("--rollout", default="embedded", choices=["embedded", "vllm"])

@@ -11,10 +11,10 @@ from rlkit.cli import UsageError, _float, _nonneg_int, _positive_int
 
 
 def add_run(sub) -> None:
-    from rlkit.model.config import PRESETS
+    from rlkit.model.config import MODEL_PRESETS
 
     p = sub.add_parser("run", help="run RL (rollout, reward, recompute, divergence, update, sync)")
-    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    p.add_argument("--preset", default="tiny", choices=sorted(MODEL_PRESETS))
     p.add_argument("--task", default="arith", choices=["arith", "gsm8k", "dapo"])
     p.add_argument("--steps", type=_positive_int, default=50)
     p.add_argument("--path", default="strict", choices=["strict", "native"])
@@ -49,7 +49,7 @@ def run_config_from_args(args):
 
     ops = NumericsContract.parse_ops(args.ops) if args.ops else {}
     base = lab_default() if args.task == "arith" and args.preset == "tiny" else RunConfig()
-    overrides = dict(preset=args.preset, task=args.task, steps=args.steps, path=args.path, ops=ops,
+    overrides = dict(model=args.preset, task=args.task, steps=args.steps, path=args.path, ops=ops,
                      runner=args.runner, trainer=args.trainer, engines=args.engines, rollout_tp=args.rollout_tp,
                      trainer_tp=args.trainer_tp, trainer_pp=args.trainer_pp, seed=args.seed)
     if args.task != "arith":

@@ -1,6 +1,6 @@
-"""Qwen3 (dense) configuration and the named presets.
+"""Qwen3 (dense) configuration and the named model presets.
 
-Presets are functions returning a complete config (`presets["tiny"]()`): the four real Qwen3 dense sizes
+Model presets are functions returning a complete config (`MODEL_PRESETS["tiny"]()`, or `preset("tiny")`): the four real Qwen3 dense sizes
 read from the data folder's config summary, and `tiny`, the same architecture with small dims and
 the real vocabulary (151,936) for the CPU.
 """
@@ -123,7 +123,7 @@ def qwen3_tiny() -> Qwen3Config:
                        tie_word_embeddings=True, dtype="bfloat16", name="tiny")
 
 
-PRESETS: dict[str, Callable[[], Qwen3Config]] = {
+MODEL_PRESETS: dict[str, Callable[[], Qwen3Config]] = {
     "tiny": qwen3_tiny,
     "qwen3-0.6b": _from_summary("Qwen3-0.6B", "qwen3-0.6b"),
     "qwen3-1.7b": _from_summary("Qwen3-1.7B", "qwen3-1.7b"),
@@ -133,6 +133,7 @@ PRESETS: dict[str, Callable[[], Qwen3Config]] = {
 
 
 def preset(name: str) -> Qwen3Config:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[name]()
+    """The model preset `name` (a Qwen3Config); run presets are rlkit.config.RUN_PRESETS."""
+    if name not in MODEL_PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    return MODEL_PRESETS[name]()

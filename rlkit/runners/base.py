@@ -64,7 +64,7 @@ def split_requests(requests: Sequence[GenerationRequest], cfg: RunConfig) -> lis
 
 def initial_model(cfg: RunConfig, progress: bool = False) -> Qwen3ForCausalLM:
     """The seeded model the run starts from (after the warm start, when the config asks for one)."""
-    model_cfg = preset(cfg.preset).with_dtype(cfg.dtype)
+    model_cfg = preset(cfg.model).with_dtype(cfg.dtype)
     model = build_model(model_cfg, seed=cfg.seed, device=cfg.device)
     if cfg.warm_start_steps:
         from rlkit.data.arith import warm_start
