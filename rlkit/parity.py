@@ -78,15 +78,16 @@ class ParitySettings:
 _OWN_FIELDS = frozenset(f.name for f in fields(ParitySettings)) - {"run"}
 
 
-def parity_settings(**fields_) -> ParitySettings:
+def parity_settings(**overrides) -> ParitySettings:
     """ParitySettings from flat keywords: its own fields (rollout, prompts, contract, trainer_batch_tokens,
     locate) and any RunConfig field (model, dtype, device, path, ops, seed, max_tokens, temperature, top_k,
     top_p, engine), over the parity defaults.
 
         parity_settings(model="tiny", dtype="float32", path="native", prompts=2, max_tokens=8)
     """
-    own = {k: v for k, v in fields_.items() if k in _OWN_FIELDS}
-    return ParitySettings(run=_parity_run().replace(**{k: v for k, v in fields_.items() if k not in own}), **own)
+    own = {k: v for k, v in overrides.items() if k in _OWN_FIELDS}
+    run = _parity_run().replace(**{k: v for k, v in overrides.items() if k not in own})
+    return ParitySettings(run=run, **own)
 
 
 @dataclass
