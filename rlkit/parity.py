@@ -140,7 +140,7 @@ def dapo_prompts(n: int) -> list[tuple[str, list[int]]]:
 
 def build_rollout(settings: ParitySettings, model, contract):
     if settings.rollout == "embedded":
-        return EmbeddedEngine(model, contract, settings.engine, engine_id="parity-engine")
+        return EmbeddedEngine(model, contract, settings.run.engine, engine_id="parity-engine")
     try:
         from rlkit.rollout.vllm_engine import build_vllm_engine
     except ImportError as exc:
