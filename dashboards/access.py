@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import secrets
 import socket
 
 DEFAULT_PORT = 5006
@@ -104,10 +103,6 @@ def check_token(required: str | None, presented: str | None, what: str = "reques
         how = "without a token" if not presented else "with a wrong token"
         raise TokenRefused(f"{what} refused: this dashboard was started with --token and the {what} came {how}; "
                            f"open the page as /?{TOKEN_PARAM}=<token> (or send the {TOKEN_HEADER} header)")
-
-
-def new_token() -> str:
-    return secrets.token_urlsafe(16)
 
 
 def session_token(session_args: dict) -> str | None:

@@ -3,7 +3,7 @@
 Each class owns one `go.Figure` and an `update(...)` that assigns new arrays to its existing traces (and
 new shapes to its layout); the view then triggers its Plotly pane, which sends only the arrays that
 changed. Replacing figure objects on every poll caused intermittent JS errors in a real browser
-(../shared/ENVIRONMENT.md), so no method here ever builds a second figure.
+(seen in the dashboard's browser tests), so no method here ever builds a second figure.
 
 - `StepCharts`     mismatch_count, max_abs_diff, K3 KL, importance-ratio spread, reward per step; one trace
                    per run and metric (runs overlaid); applied toggles as dotted lines; the chosen step.

@@ -284,7 +284,7 @@ def _step_row(s: StepSummary) -> dict:
 # -- the per-token heatmap ---------------------------------------------------------------------------
 class TokenText:
     """Token id -> readable text for hovers, with the Qwen3 tokenizer loaded on first use (it imports
-    transformers and torch, seconds); without the tokenizer (no shared data folder) it shows the id."""
+    transformers and torch, seconds); without the tokenizer (no data folder) it shows the id."""
 
     def __init__(self, decode: Callable[[int], str] | None = None):
         self._decode = decode

@@ -55,11 +55,6 @@ def on_gpu(*tensors: torch.Tensor) -> bool:
     return HAVE_TRITON and not INTERPRET and all(t.is_cuda for t in tensors)
 
 
-def can_launch(*tensors: torch.Tensor) -> bool:
-    """True when a launcher may run: on the GPU, or under the interpreter (CPU tensors)."""
-    return HAVE_TRITON and (INTERPRET or all(t.is_cuda for t in tensors))
-
-
 def launch_options() -> dict:
     """Options for `kernel[grid](..., **launch_options(), num_warps=..., num_stages=...)`."""
     return {} if INTERPRET else dict(LAUNCH)

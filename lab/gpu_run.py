@@ -1,8 +1,10 @@
 """The one script a device call runs: environment check, GPU tests, benchmarks; logs under $OUT.
 
-    PYTHONPATH=. RLKIT_COMMIT=<sha> python lab/gpu_run.py [--tests-only | --bench-only] [--quick]
+    python3 -m pip install -q --no-deps --no-build-isolation -e .   # once per fresh machine, offline
+    RLKIT_COMMIT=<sha> python3 lab/gpu_run.py [--tests-only | --bench-only] [--quick]
 
-Where rlkit is not pip-installed (the lent H200), tests/gpu/bootstrap.py maps kernels/ to rlkit.kernels.
+Runs against the installed package (the editable install maps kernels/ to rlkit.kernels; see
+docs/VALIDATION.md for why it works offline on the lent H200).
 Writes $OUT/gpu_tests.log (pytest -rA -s output: every bitwise report and the native controls),
 $OUT/env.txt, and the benchmark rows ($OUT/bench.jsonl, bench.csv, BENCHMARKS.md). Prints a short
 table last.
@@ -17,13 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.gpu.bootstrap import ensure_rlkit_kernels  # noqa: E402
-
-ensure_rlkit_kernels()
-
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: pytest's working directory
 
 def main() -> int:
     ap = argparse.ArgumentParser()
@@ -57,7 +53,7 @@ def main() -> int:
         t0 = time.time()
         cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-s", "-p", "no:cacheprovider", "tests/gpu",
                *a.pytest_args.split()]
-        envp = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        envp = dict(os.environ, PYTHONUNBUFFERED="1")
         try:
             res = subprocess.run(cmd, cwd=ROOT, env=envp, capture_output=True, text=True, timeout=a.test_timeout)
             log, rc = res.stdout + res.stderr, res.returncode

@@ -12,7 +12,8 @@ same seed (identical on both), strict contract unless said otherwise:
 4. native control: rollout TP 2 vs TP 1 on the native path.
 Writes $OUT/layouts-2gpu.json and prints one line per check.
 
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
+    python3 -m pip install -q --no-deps --no-build-isolation -e .   # rlkit itself, offline
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 RLKIT_DATA=.device_data \
         python3 lab/layouts_2gpu.py --out $OUT
 """
@@ -25,14 +26,9 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.gpu.bootstrap import ensure_rlkit_kernels  # noqa: E402
-
-ensure_rlkit_kernels()
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ[var] = value  # NVLink multicast stays off (the machine's documentation), also in children

@@ -14,7 +14,8 @@ Run on the lent H200 (Python 3.12, torch 2.11, no registry there: carry megatron
     # here, once (2.6 MB):
     pip download megatron-core==0.16.1 --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --abi cp312 --platform manylinux_2_28_x86_64 -d shared/wheels
-    # there:
+    # there (rlkit itself editable, offline):
+    python3 -m pip install -q --no-deps --no-build-isolation -e .
     pip install --no-deps shared/wheels/megatron_core-0.16.1-cp312-cp312-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl
     RLKIT_DATA=shared/data python lab/megatron_h200.py [--preset qwen3-0.6b] [--requests 8] [--max-tokens 64]
 (megatron-core needs torch, numpy and packaging, all present on the H200 image.)
@@ -29,14 +30,8 @@ import argparse
 import dataclasses
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.gpu.bootstrap import ensure_rlkit_kernels  # noqa: E402  (rlkit is not installed on the H200)
-
-ensure_rlkit_kernels()
-
-import torch  # noqa: E402
+import torch
 
 from rlkit import NumericsContract, ops
 from rlkit.bitwise import compare

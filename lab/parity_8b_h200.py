@@ -9,7 +9,8 @@ graphs) and records every token's logprob; the trainer recomputes all of them in
 forwards (longest-first packs of `--pack-tokens`). Strict: every logprob must be equal bit for bit. The
 native control runs a smaller batch through the same chain and reports its mismatches.
 
-    PYTHONPATH=. RLKIT_DATA=.device_data python3 lab/parity_8b_h200.py --out $OUT
+    python3 -m pip install -q --no-deps --no-build-isolation -e .   # once per fresh machine, offline
+    RLKIT_DATA=.device_data python3 lab/parity_8b_h200.py --out $OUT
 """
 
 from __future__ import annotations
@@ -20,22 +21,17 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.gpu.bootstrap import ensure_rlkit_kernels  # noqa: E402
+import torch
 
-ensure_rlkit_kernels()
-
-import torch  # noqa: E402
-
-from rlkit import NumericsContract, ops  # noqa: E402
-from rlkit.data.tasks import task  # noqa: E402
-from rlkit.divergence import logprob_divergence  # noqa: E402
-from rlkit.model.config import preset  # noqa: E402
-from rlkit.model.qwen3 import build_model_on_device  # noqa: E402
-from rlkit.model.tokenizer import chat_prompt_ids, load_tokenizer  # noqa: E402
-from rlkit.rollout.engine import EmbeddedEngine, EngineConfig  # noqa: E402
-from rlkit.rollout.types import GenerationRequest, SamplingConfig  # noqa: E402
-from rlkit.train.recompute import response_logprobs  # noqa: E402
+from rlkit import NumericsContract, ops
+from rlkit.data.tasks import task
+from rlkit.divergence import logprob_divergence
+from rlkit.model.config import preset
+from rlkit.model.qwen3 import build_model_on_device
+from rlkit.model.tokenizer import chat_prompt_ids, load_tokenizer
+from rlkit.rollout.engine import EmbeddedEngine, EngineConfig
+from rlkit.rollout.types import GenerationRequest, SamplingConfig
+from rlkit.train.recompute import response_logprobs
 
 
 def sync() -> None:

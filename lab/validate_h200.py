@@ -11,9 +11,10 @@ importance-ratio spread, step time and its parts. After each phase the run is ex
 comes back through the device channel's 16 MiB limit), where `rlkit dashboard` opens it, and a summary
 of every step so far is printed and written to --out/validation-summary.json.
 
-On the lent H200 (no rlkit install there; the data travel in an ignored folder):
-    PYTHONPATH=. RLKIT_DATA=.device_data python3 lab/validate_h200.py --out $OUT --phases strict=8.5
-    PYTHONPATH=. RLKIT_DATA=.device_data python3 lab/validate_h200.py --out $OUT --phases strict=6,native=2
+On the lent H200 (rlkit installed editable first, offline; the data travel in an ignored folder):
+    python3 -m pip install -q --no-deps --no-build-isolation -e .
+    RLKIT_DATA=.device_data python3 lab/validate_h200.py --out $OUT --phases strict=8.5
+    RLKIT_DATA=.device_data python3 lab/validate_h200.py --out $OUT --phases strict=6,native=2
 --dry-run runs the same pipeline on the CPU with the tiny preset and 16-token responses.
 """
 
@@ -28,16 +29,11 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.gpu.bootstrap import ensure_rlkit_kernels  # noqa: E402
+import torch
 
-ensure_rlkit_kernels()
-
-import torch  # noqa: E402
-
-from rlkit.config import validation_0_6b  # noqa: E402
-from rlkit.loop import run  # noqa: E402
-from rlkit.timeline.store import DB_NAME, RunStore  # noqa: E402
+from rlkit.config import validation_0_6b
+from rlkit.loop import run
+from rlkit.timeline.store import DB_NAME, RunStore
 
 EXPORT_LIMIT = 15 * 2**20
 
@@ -127,7 +123,7 @@ def main() -> int:
     for path, minutes in args.phases:
         cfg = validation_0_6b(path=path, steps=args.steps)
         if args.dry_run:
-            cfg = cfg.replace(preset="tiny", device="cpu", max_tokens=16, threads=1)
+            cfg = cfg.replace(model="tiny", device="cpu", max_tokens=16, threads=1)
         before = 0
         if (work / path / DB_NAME).exists():
             with RunStore.open(work / path, readonly=True) as s:

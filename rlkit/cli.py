@@ -47,10 +47,10 @@ def _stdout_to_stderr():
 
 # -- rlkit parity ------------------------------------------------------------------------------------
 def _add_parity(sub) -> None:
-    from rlkit.model.config import PRESETS
+    from rlkit.model.config import MODEL_PRESETS
 
     p = sub.add_parser("parity", help="run the parity chain and the trainer-vs-decode comparison")
-    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    p.add_argument("--preset", default="tiny", choices=sorted(MODEL_PRESETS))
     p.add_argument("--path", default="strict", choices=["strict", "native"])
     p.add_argument("--ops", default="", help="per-op overrides, e.g. attention=native,linear=strict")
     p.add_argument("--rollout", default="embedded", choices=["embedded", "vllm"])
@@ -94,7 +94,7 @@ def _cmd_parity(args) -> int:
 # below); a resumed run takes them from its store, and a flag that differs from the stored value is
 # refused (one line naming each), so a resumed run is always the run that was stored.
 RUN_SETTINGS = (
-    ("preset", "preset", "tiny"), ("task", "task", "arith"), ("steps", "steps", 50), ("path", "path", "strict"),
+    ("preset", "model", "tiny"), ("task", "task", "arith"), ("steps", "steps", 50), ("path", "path", "strict"),
     ("ops", "ops", ""), ("runner", "runner", "local"), ("trainer", "trainer", "embedded"),
     ("engines", "engines", 1), ("rollout_tp", "rollout_tp", 1), ("trainer_tp", "trainer_tp", 1),
     ("trainer_pp", "trainer_pp", 1), ("seed", "seed", 0), ("prompts", "prompts_per_step", None),
@@ -116,13 +116,13 @@ refused and writes nothing."""
 
 
 def _add_run(sub) -> None:
-    from rlkit.model.config import PRESETS
+    from rlkit.model.config import MODEL_PRESETS
 
     p = sub.add_parser("run", help="run RL (rollout, reward, recompute, divergence, update, sync)",
                        description=RUN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", help="a new (empty) directory for the run store")
     p.add_argument("--resume", metavar="DIR", help="continue a killed or stopped run from its last checkpoint")
-    p.add_argument("--preset", choices=sorted(PRESETS), help="model preset (default tiny)")
+    p.add_argument("--preset", choices=sorted(MODEL_PRESETS), help="model preset (default tiny)")
     p.add_argument("--task", choices=["arith", "gsm8k", "dapo"], help="default arith")
     p.add_argument("--steps", type=bounded_positive_int, help="default 50")
     p.add_argument("--path", choices=["strict", "native"], help="every op's kernel path (default strict)")
@@ -203,12 +203,13 @@ def _cmd_run(args) -> int:
         stop.set()
 
     if args.resume:
+        from rlkit.config import RunConfig
         from rlkit.timeline.lock import check_free
         from rlkit.timeline.store import RunStore
 
         check_free(args.resume)  # a run still starting has its lock before its store
         with RunStore.open(args.resume, readonly=True, untouched=True) as peek:  # lock-free, creates nothing
-            stored = peek.config()
+            stored = RunConfig.from_dict(peek.config()).to_dict()  # older stores' field names too
         conflicts = resume_conflicts(args, stored)
         if conflicts:
             raise UsageError(f"--resume continues the run with the settings stored in {args.resume}; these flags "

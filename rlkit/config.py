@@ -1,15 +1,20 @@
-"""RunConfig: everything an RL run needs, as one frozen dataclass; presets are named functions.
+"""RunConfig: everything an RL run needs, as one frozen dataclass; run presets are named functions.
 
     cfg = lab_default(path="native")          # the lab's default: tiny model, arithmetic, 50 steps
-    cfg = RunConfig(preset="qwen3-0.6b", task="dapo", device="cuda", ...)
+    cfg = RunConfig(model="qwen3-0.6b", task="dapo", device="cuda", ...)
 
-The config is stored in the run's store at creation; `rlkit run --resume DIR` rebuilds it from there.
+Two kinds of preset, named apart: a *model* preset (`rlkit.model.MODEL_PRESETS`, e.g. "tiny", "qwen3-8b")
+is a Qwen3Config, and `RunConfig.model` names one; a *run* preset (`RUN_PRESETS` here, e.g. "lab") is a
+complete RunConfig. The config is frozen all the way down (per-op overrides are a tuple of pairs), and
+stored in the run's store at creation as `to_dict()`; `rlkit run --resume DIR` rebuilds it from there with
+`from_dict` (which also reads stores written before the model field was named `model`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from rlkit.contract import OPS, NumericsContract
 from rlkit.kernels.logprob import SamplingParams
@@ -19,19 +24,22 @@ from rlkit.train.trainer import OptimConfig
 
 @dataclass(frozen=True)
 class RunConfig:
-    preset: str = "tiny"
+    model: str = "tiny"
+    """A model preset (rlkit.model.MODEL_PRESETS): tiny | qwen3-0.6b | qwen3-1.7b | qwen3-4b | qwen3-8b."""
     dtype: str = "auto"
-    """bfloat16 | float32 | auto. A new run resolves "auto" once, from the device (rlkit.hardware:
-    bf16 on GPUs and on CPUs with AMX or AVX-512 BF16, fp32 on other CPUs), and stores the concrete
-    dtype with the reason in the run's metadata; a resumed run keeps it."""
+    """bfloat16 | float32 (the one spelling; the CLI's bf16 / fp32 map onto it) | auto. A new run resolves
+    "auto" once, from the device (rlkit.hardware: bf16 on GPUs and on CPUs with AMX or AVX-512 BF16, fp32
+    on other CPUs), and stores the concrete dtype with the reason in the run's metadata; a resumed run
+    keeps it."""
     device: str = "cpu"
     task: str = "arith"
     """arith | gsm8k | dapo"""
     steps: int = 50
     path: str = "strict"
     """The path of every op at the start (before `ops`)."""
-    ops: dict = field(default_factory=dict)
-    """Per-op overrides, e.g. {"attention": "native"}."""
+    ops: tuple[tuple[str, str], ...] = ()
+    """Per-op overrides as sorted (op, path) pairs, e.g. (("attention", "native"),). A mapping
+    ({"attention": "native"}) is accepted and stored as its sorted pairs, so the config stays frozen."""
     seed: int = 0
     prompts_per_step: int = 8
     samples_per_prompt: int = 8
@@ -78,10 +86,11 @@ class RunConfig:
     bit across runners must use the same value."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "ops", _op_pairs(self.ops))
         problems = []
         if self.path not in ("strict", "native"):
             problems.append(f"path={self.path!r} (strict | native)")
-        for op, path in self.ops.items():
+        for op, path in self.ops:
             if op not in OPS or path not in ("strict", "native"):
                 problems.append(f"ops {op}={path}")
         if self.task not in ("arith", "gsm8k", "dapo"):
@@ -124,14 +133,19 @@ class RunConfig:
 
     def contract(self) -> NumericsContract:
         base = NumericsContract.default().with_every_op(self.path)
-        return base.with_ops(**self.ops) if self.ops else base
+        return base.with_ops(**dict(self.ops)) if self.ops else base
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types: the per-op overrides as an {op: path} mapping."""
+        data = dataclasses.asdict(self)
+        data["ops"] = dict(self.ops)
+        return data
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RunConfig":
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunConfig":
         data = dict(data)
+        if "preset" in data:  # stores written before the field was named `model`
+            data.setdefault("model", data.pop("preset"))
         optim = data.pop("optim", {})
         engine = data.pop("engine", {})
         if "betas" in optim:
@@ -142,10 +156,18 @@ class RunConfig:
         return dataclasses.replace(self, **kw)
 
 
+def _op_pairs(ops) -> tuple[tuple[str, str], ...]:
+    """Per-op overrides from a mapping or (op, path) pairs (a JSON list of lists too) -> sorted pairs."""
+    try:
+        return tuple(sorted(dict(ops).items()))
+    except (TypeError, ValueError):
+        raise ValueError(f"invalid run config: ops={ops!r} (a mapping op -> strict | native)") from None
+
+
 def lab_default(**overrides) -> RunConfig:
     """The lab's default run: the tiny Qwen3 learning single-digit addition on the CPU in minutes.
     A brief supervised warm start gives it a reward above zero; RL then raises it."""
-    cfg = RunConfig(preset="tiny", task="arith", steps=50, prompts_per_step=8, samples_per_prompt=8,
+    cfg = RunConfig(model="tiny", task="arith", steps=50, prompts_per_step=8, samples_per_prompt=8,
                     max_tokens=4, warm_start_steps=100, optim=OptimConfig(lr=1e-3), threads=1,
                     engine=EngineConfig(max_num_seqs=64, max_batch_tokens=2048, num_pages=512))
     return cfg.replace(**overrides)
@@ -157,7 +179,7 @@ def validation_0_6b(**overrides) -> RunConfig:
     shaping term (`shaping`) gives a random model non-zero advantages, so its weights move every step.
     Checkpoints only at the end and where a stop request ends a stretch, so the run continues in the
     next device call (`--resume`)."""
-    cfg = RunConfig(preset="qwen3-0.6b", dtype="bfloat16", device="cuda", task="dapo", steps=200, seed=1234,
+    cfg = RunConfig(model="qwen3-0.6b", dtype="bfloat16", device="cuda", task="dapo", steps=200, seed=1234,
                     prompts_per_step=2, samples_per_prompt=8, max_tokens=512, shaping=0.1, locate_every=0,
                     checkpoint_every=200,
                     engine=EngineConfig(page_size=16, num_pages=2048, max_num_seqs=16, max_batch_tokens=4096,
@@ -166,4 +188,5 @@ def validation_0_6b(**overrides) -> RunConfig:
     return cfg.replace(**overrides)
 
 
-PRESETS = {"lab": lab_default, "validation-0.6b": validation_0_6b}
+RUN_PRESETS = {"lab": lab_default, "validation-0.6b": validation_0_6b}
+"""Run presets by name (complete RunConfigs); model presets are rlkit.model.MODEL_PRESETS."""

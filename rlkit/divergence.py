@@ -7,6 +7,8 @@
 - `ActivationRecorder` + `first_divergence`: run both sides with every op's output captured (forward hooks
   on the model's leaf op modules), line the rows up by (sequence, position), and report the first
   (layer, op) in execution order whose outputs differ, with the diff statistics there.
+- `locate_first_divergence`: both sides of one comparison recorded that way (the trainer's packed forward,
+  an engine's teacher-forced replay of the same tokens) — what the parity report and both runners call.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from rlkit import ops
 from rlkit.bitwise import differs
+from rlkit.model.qwen3 import ForwardBatch
 
 
 class FingerprintMismatch(ValueError):
@@ -58,14 +62,6 @@ def flatten(x) -> torch.Tensor:
         return x.detach().float().reshape(-1).cpu()
     parts = [torch.as_tensor(t, dtype=torch.float32).detach().reshape(-1).cpu() for t in x]
     return torch.cat(parts) if parts else torch.zeros(0)
-
-
-def per_token_diff(rollout, trainer) -> torch.Tensor:
-    """trainer - rollout per token (fp64 so tiny differences show), flattened."""
-    r, t = flatten(rollout), flatten(trainer)
-    if r.shape != t.shape:
-        raise ValueError(f"rollout has {r.numel()} tokens, trainer {t.numel()}")
-    return t.double() - r.double()
 
 
 def logprob_divergence(rollout, trainer) -> DivergenceStats:
@@ -219,4 +215,32 @@ def first_divergence(a: ActivationRecorder, b: ActivationRecorder,
             first = common[int(bad_rows.nonzero()[0])]
             return FirstDivergence(layer, a.op_of(name), site, name, int(bad_rows.sum()), len(common),
                                    int(diff.sum()), float(delta[torch.isfinite(delta)].max()), first)
+    return None
+
+
+def locate_first_divergence(model, contract, engine, seqs, plens, ids) -> dict | None:
+    """Trainer packed forward vs the engine's teacher-forced decode of the same tokens, every op captured."""
+    trainer_rec = ActivationRecorder(model)
+    with trainer_rec, ops.use_contract(contract), torch.no_grad():
+        hidden = model(ForwardBatch.packed([torch.tensor(s, device=model.device) for s in seqs], seq_ids=ids))
+    rollout_rec = ActivationRecorder(model)
+    with rollout_rec:
+        replayed = engine.replay([s[:p] for s, p in zip(seqs, plens)], [s[p:] for s, p in zip(seqs, plens)],
+                                 request_ids=ids)
+    # compare the rows the decode produced: the last prompt position and every response position
+    keys = [(rid, pos) for rid, s, p in zip(ids, seqs, plens) for pos in range(p - 1, len(s))]
+    found = first_divergence(trainer_rec, rollout_rec, keys)
+    if found is not None:
+        return found.to_dict()
+    with ops.use_contract(contract), torch.no_grad():
+        offsets = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
+        rows = torch.cat([torch.arange(int(offsets[i]) + p - 1, int(offsets[i]) + len(s) - 1)
+                          for i, (s, p) in enumerate(zip(seqs, plens))])
+        targets = torch.cat([torch.tensor(s[p:]) for s, p in zip(seqs, plens)]).to(model.device)
+        trainer_lp = model.logprobs(hidden[rows.to(model.device)], targets)
+    stats = logprob_divergence(torch.cat(replayed), trainer_lp)
+    if stats.mismatch_count:
+        return {"layer": "head", "op": "logprob", "site": "lm_head + log-softmax", "module": "lm_head",
+                "differing_rows": stats.mismatch_count, "compared_rows": stats.compared_tokens,
+                "differing_elements": stats.mismatch_count, "max_abs_diff": stats.max_abs_diff, "first_key": None}
     return None

@@ -13,8 +13,8 @@ Three links, each compared bit for bit, and their end-to-end consequence:
 When trainer_vs_decode mismatches, the first-divergence locator replays the rollout with activation
 capture and reports the first (layer, op) whose outputs differ from the trainer's.
 
-    from rlkit.parity import ParitySettings, run_parity
-    report = run_parity(ParitySettings(preset="tiny", path="strict"))
+    from rlkit.parity import parity_settings, run_parity
+    report = run_parity(parity_settings(model="tiny", path="strict"))
     print(report.table())
 """
 
@@ -22,61 +22,72 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
 from rlkit import ops
+from rlkit.config import RunConfig
 from rlkit.contract import NumericsContract
-from rlkit.divergence import ActivationRecorder, DivergenceStats, first_divergence, flatten, logprob_divergence
-from rlkit.kernels.logprob import SamplingParams
+from rlkit.divergence import DivergenceStats, flatten, locate_first_divergence, logprob_divergence
 from rlkit.model import build_model, preset
 from rlkit.model.config import DTYPE_ALIASES
-from rlkit.model.qwen3 import ForwardBatch
 from rlkit.rollout import EmbeddedEngine, EngineConfig, GenerationRequest, SamplingConfig
 from rlkit.train.recompute import response_logprobs
 
 ROLLOUTS = ("embedded", "vllm")
 
 
+def _parity_run() -> RunConfig:
+    """The parity chain's defaults for the fields it shares with a run: the tiny model in bf16 on the CPU,
+    every op strict, 128-token responses, an engine of 8 sequences and 128-token steps."""
+    return RunConfig(model="tiny", task="dapo", max_tokens=128,
+                     engine=EngineConfig(max_batch_tokens=128, max_num_seqs=8))
+
+
 @dataclass(frozen=True)
 class ParitySettings:
-    preset: str = "tiny"
-    path: str = "strict"
-    """strict | native: the path of every op, before `ops` overrides."""
-    ops: dict = field(default_factory=dict)
+    """What `rlkit parity` runs: a RunConfig's model, dtype, device, paths and per-op overrides, seed,
+    sampling, response length and engine (`run`, spelled and validated as for a run), plus the fields only
+    the parity chain has. `parity_settings(**fields)` builds one from flat keywords."""
+
+    run: RunConfig = field(default_factory=_parity_run)
     rollout: str = "embedded"
+    """embedded | vllm"""
     prompts: int = 16
-    max_tokens: int = 128
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    dtype: str = "bf16"
-    device: str = "cpu"
+    """DAPO-Math-17k prompts rolled out (one sample each)."""
     contract: NumericsContract | None = None
-    """A full contract (tests use small split sizes); `path` and `ops` are applied on top of it."""
-    engine: EngineConfig = field(default_factory=lambda: EngineConfig(max_batch_tokens=128, max_num_seqs=8))
+    """A full contract (tests use small split sizes); `run.path` and `run.ops` are applied on top of it."""
     trainer_batch_tokens: int = 2048
     locate: bool = True
 
     def __post_init__(self) -> None:
-        if self.path not in ("strict", "native"):
-            raise ValueError(f"--path {self.path!r}; expected strict or native")
         if self.rollout not in ROLLOUTS:
             raise ValueError(f"--rollout {self.rollout!r}; expected one of {', '.join(ROLLOUTS)}")
-        if DTYPE_ALIASES.get(self.dtype) not in ("bfloat16", "float32"):
-            raise ValueError(f"--dtype {self.dtype!r}; expected bf16 or fp32")
-        if self.prompts < 1 or self.max_tokens < 1:
+        if self.prompts < 1 or self.run.max_tokens < 1:
             raise ValueError("--prompts and --max-tokens must be >= 1")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
+        if self.run.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("--device cuda asked, but torch sees no CUDA device on this machine")
-        SamplingParams(self.temperature, self.top_k, self.top_p)  # validates
 
     def build_contract(self) -> NumericsContract:
         base = self.contract or NumericsContract.default()
-        base = base.with_every_op(self.path)
-        return base.with_ops(**self.ops) if self.ops else base
+        base = base.with_every_op(self.run.path)
+        return base.with_ops(**dict(self.run.ops)) if self.run.ops else base
+
+
+_OWN_FIELDS = frozenset(f.name for f in fields(ParitySettings)) - {"run"}
+
+
+def parity_settings(**overrides) -> ParitySettings:
+    """ParitySettings from flat keywords: its own fields (rollout, prompts, contract, trainer_batch_tokens,
+    locate) and any RunConfig field (model, dtype, device, path, ops, seed, max_tokens, temperature, top_k,
+    top_p, engine), over the parity defaults.
+
+        parity_settings(model="tiny", dtype="float32", path="native", prompts=2, max_tokens=8)
+    """
+    own = {k: v for k, v in overrides.items() if k in _OWN_FIELDS}
+    run = _parity_run().replace(**{k: v for k, v in overrides.items() if k not in own})
+    return ParitySettings(run=run, **own)
 
 
 @dataclass
@@ -93,9 +104,9 @@ class ParityReport:
         return {
             "contract": self.contract.fingerprint(),
             "contract_name": self.contract.name,
-            "path": self.settings.path,
+            "path": self.settings.run.path,
             "ops": self.contract.op_paths(),
-            "preset": self.settings.preset, "dtype": DTYPE_ALIASES[self.settings.dtype], "rollout": self.settings.rollout,
+            "preset": self.settings.run.model, "dtype": self.settings.run.dtype, "rollout": self.settings.rollout,
             "links": {k: (None if v is None else v.to_dict()) for k, v in self.links.items()},
             "first_divergence": self.first_divergence,
             "notes": self.notes,
@@ -103,7 +114,7 @@ class ParityReport:
 
     def table(self) -> str:
         lines = [f"contract {self.contract.summary()}",
-                 f"preset {self.settings.preset} {DTYPE_ALIASES[self.settings.dtype]} rollout={self.settings.rollout}",
+                 f"preset {self.settings.run.model} {self.settings.run.dtype} rollout={self.settings.rollout}",
                  f"{'link':34} {'compared':>9} {'mismatch':>9} {'max_abs_diff':>13}"]
         for name, s in self.links.items():
             if s is None:
@@ -129,7 +140,7 @@ def dapo_prompts(n: int) -> list[tuple[str, list[int]]]:
 
 def build_rollout(settings: ParitySettings, model, contract):
     if settings.rollout == "embedded":
-        return EmbeddedEngine(model, contract, settings.engine, engine_id="parity-engine")
+        return EmbeddedEngine(model, contract, settings.run.engine, engine_id="parity-engine")
     try:
         from rlkit.rollout.vllm_engine import build_vllm_engine
     except ImportError as exc:
@@ -140,15 +151,16 @@ def build_rollout(settings: ParitySettings, model, contract):
 def run_parity(settings: ParitySettings, log=None) -> ParityReport:
     log = log or (lambda msg: print(msg, file=sys.stderr))
     contract = settings.build_contract()
-    cfg = preset(settings.preset).with_dtype(DTYPE_ALIASES[settings.dtype])
-    log(f"building {settings.preset} ({cfg.num_parameters() / 1e6:.1f} M params, {cfg.dtype}) on {settings.device}")
-    model = build_model(cfg, seed=settings.seed, device=settings.device)
+    run, _ = settings.run.with_resolved_dtype()
+    cfg = preset(run.model).with_dtype(run.dtype)
+    log(f"building {run.model} ({cfg.num_parameters() / 1e6:.1f} M params, {cfg.dtype}) on {run.device}")
+    model = build_model(cfg, seed=run.seed, device=run.device)
     engine = build_rollout(settings, model, contract)
     prompts = dapo_prompts(settings.prompts)
-    sampling = SamplingConfig(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-                              max_tokens=settings.max_tokens, seed=settings.seed)
-    requests = [GenerationRequest(f"{pid}-s{settings.seed}", tuple(ids), sampling) for pid, ids in prompts]
-    log(f"rollout: {len(requests)} DAPO-Math-17k prompts, up to {settings.max_tokens} tokens each")
+    sampling = SamplingConfig(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p,
+                              max_tokens=run.max_tokens, seed=run.seed)
+    requests = [GenerationRequest(f"{pid}-s{run.seed}", tuple(ids), sampling) for pid, ids in prompts]
+    log(f"rollout: {len(requests)} DAPO-Math-17k prompts, up to {run.max_tokens} tokens each")
     results = engine.generate(requests, progress=True)
     failed = [r.error for r in results if not r.ok]
     if failed:
@@ -195,44 +207,17 @@ def run_parity(settings: ParitySettings, log=None) -> ParityReport:
     return ParityReport(contract, settings, links, pairs, fd, notes, [len(s) for s in seqs])
 
 
-def locate_first_divergence(model, contract, engine, seqs, plens, ids) -> dict | None:
-    """Trainer packed forward vs the engine's teacher-forced decode of the same tokens, every op captured."""
-    trainer_rec = ActivationRecorder(model)
-    with trainer_rec, ops.use_contract(contract), torch.no_grad():
-        hidden = model(ForwardBatch.packed([torch.tensor(s, device=model.device) for s in seqs], seq_ids=ids))
-    rollout_rec = ActivationRecorder(model)
-    with rollout_rec:
-        replayed = engine.replay([s[:p] for s, p in zip(seqs, plens)], [s[p:] for s, p in zip(seqs, plens)],
-                                 request_ids=ids)
-    # compare the rows the decode produced: the last prompt position and every response position
-    keys = [(rid, pos) for rid, s, p in zip(ids, seqs, plens) for pos in range(p - 1, len(s))]
-    found = first_divergence(trainer_rec, rollout_rec, keys)
-    if found is not None:
-        return found.to_dict()
-    with ops.use_contract(contract), torch.no_grad():
-        offsets = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
-        rows = torch.cat([torch.arange(int(offsets[i]) + p - 1, int(offsets[i]) + len(s) - 1)
-                          for i, (s, p) in enumerate(zip(seqs, plens))])
-        targets = torch.cat([torch.tensor(s[p:]) for s, p in zip(seqs, plens)]).to(model.device)
-        trainer_lp = model.logprobs(hidden[rows.to(model.device)], targets)
-    stats = logprob_divergence(torch.cat(replayed), trainer_lp)
-    if stats.mismatch_count:
-        return {"layer": "head", "op": "logprob", "site": "lm_head + log-softmax", "module": "lm_head",
-                "differing_rows": stats.mismatch_count, "compared_rows": stats.compared_tokens,
-                "differing_elements": stats.mismatch_count, "max_abs_diff": stats.max_abs_diff, "first_key": None}
-    return None
-
-
 def report_json(report: ParityReport) -> str:
     return json.dumps(report.to_json(), indent=2)
 
 
 def settings_from_args(args) -> ParitySettings:
+    """`rlkit parity`'s arguments -> ParitySettings (the CLI's bf16 / fp32 -> the config's dtype names)."""
     contract_ops = NumericsContract.parse_ops(args.ops) if args.ops else {}
-    return ParitySettings(preset=args.preset, path=args.path, ops=contract_ops, rollout=args.rollout,
-                          prompts=args.prompts, max_tokens=args.max_tokens, temperature=args.temperature,
-                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, dtype=args.dtype, device=args.device)
+    return parity_settings(model=args.preset, path=args.path, ops=contract_ops, rollout=args.rollout,
+                           prompts=args.prompts, max_tokens=args.max_tokens, temperature=args.temperature,
+                           top_k=args.top_k, top_p=args.top_p, seed=args.seed, dtype=DTYPE_ALIASES[args.dtype],
+                           device=args.device)
 
 
-__all__ = ["ParitySettings", "ParityReport", "run_parity", "locate_first_divergence", "report_json",
-           "settings_from_args"]
+__all__ = ["ParitySettings", "ParityReport", "parity_settings", "run_parity", "report_json", "settings_from_args"]

@@ -88,7 +88,7 @@ def preflight(cfg: RunConfig) -> None:
         raise ValueError(f"device {cfg.device!r}: rlkit runs on cpu or cuda[:N]")
     if not math.isfinite(cfg.temperature) or cfg.temperature <= 0:
         raise ValueError(f"temperature {cfg.temperature!r}: expected a finite number > 0 (top_k=1 for greedy)")
-    room = min(cfg.engine.max_model_len, preset(cfg.preset).max_position_embeddings) - 1
+    room = min(cfg.engine.max_model_len, preset(cfg.model).max_position_embeddings) - 1
     if cfg.max_tokens > room:
         raise ValueError(f"max_tokens {cfg.max_tokens}: a sequence holds at most {room + 1} tokens here "
                          f"(engine max_model_len {cfg.engine.max_model_len}), the prompt included")

@@ -24,7 +24,7 @@ import torch
 from rlkit import NumericsContract
 from rlkit.bitwise import assert_bitwise_equal
 from rlkit.contract import AttentionSpec
-from rlkit.parity import ParitySettings, run_parity
+from rlkit.parity import ParitySettings, parity_settings, run_parity
 from rlkit.rollout import EngineConfig
 from tests.negative import require_native_difference
 
@@ -38,16 +38,16 @@ LINKS = ["trainer_batch_invariance", "trainer_vs_rollout_prefill", "decode_vs_ro
 
 
 def settings(**kw) -> ParitySettings:
-    base = dict(preset="tiny", prompts=4, max_tokens=24, contract=SMALL_SPLITS, seed=3, locate=False)
+    base = dict(model="tiny", prompts=4, max_tokens=24, contract=SMALL_SPLITS, seed=3, locate=False)
     base.update(kw)
-    return ParitySettings(**base)
+    return parity_settings(**base)
 
 
 @pytest.mark.parametrize("dtype, temperature, top_p, composition", [
-    ("bf16", 1.0, 1.0, "4 seqs, 64-token steps"),
-    ("bf16", 0.7, 0.9, "2 seqs, 40-token steps"),
-    ("fp32", 1.0, 1.0, "3 seqs, 128-token steps"),
-    ("fp32", 0.7, 0.9, "4 seqs, 64-token steps"),
+    ("bfloat16", 1.0, 1.0, "4 seqs, 64-token steps"),
+    ("bfloat16", 0.7, 0.9, "2 seqs, 40-token steps"),
+    ("float32", 1.0, 1.0, "3 seqs, 128-token steps"),
+    ("float32", 0.7, 0.9, "4 seqs, 64-token steps"),
 ])
 def test_strict_parity_chain_is_bitwise(dtype, temperature, top_p, composition):
     report = run_parity(settings(dtype=dtype, temperature=temperature, top_p=top_p,
@@ -62,14 +62,14 @@ def test_strict_parity_chain_is_bitwise(dtype, temperature, top_p, composition):
 
 def test_default_contract_crosses_a_split_boundary():
     """The default contract (split 256, block 32): a long DAPO prompt plus its response passes 256."""
-    report = run_parity(ParitySettings(preset="tiny", prompts=6, max_tokens=64, seed=1, locate=False,
-                                       engine=COMPOSITIONS["4 seqs, 64-token steps"]), log=lambda _m: None)
+    report = run_parity(parity_settings(model="tiny", prompts=6, max_tokens=64, seed=1, locate=False,
+                                        engine=COMPOSITIONS["4 seqs, 64-token steps"]), log=lambda _m: None)
     assert max(report.sequence_lengths) > 256, report.sequence_lengths
     for name in LINKS:
         assert_bitwise_equal(*report.pairs[name], name)
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_native_path_mismatches(dtype):
     """Negative control. fp32: MKL's GEMM and SDPA change bits with the batch, so decode and trainer
     disagree on many tokens (the trainer's two packings happen to agree: every GEMM there has M >= 2,
@@ -81,7 +81,7 @@ def test_native_path_mismatches(dtype):
     e2e = report.links["trainer_vs_decode"]
     measured = (f"native {dtype}: trainer_vs_decode {e2e.mismatch_count}/{e2e.compared_tokens} mismatches, "
                 f"max |diff| {e2e.max_abs_diff:.3g}; first divergence {report.first_divergence}")
-    if dtype == "fp32":
+    if dtype == "float32":
         require_native_difference(e2e.mismatch_count, measured)
     else:  # bf16 may round every logprob difference away: the located activation difference counts too
         require_native_difference(e2e.mismatch_count + (report.first_divergence is not None), measured)
@@ -89,7 +89,7 @@ def test_native_path_mismatches(dtype):
 
 @pytest.mark.parametrize("op, expected_site", [("attention", "self_attn.attn"), ("linear", "self_attn.q_proj")])
 def test_locator_names_the_one_native_op(op, expected_site):
-    report = run_parity(settings(ops={op: "native"}, dtype="fp32", locate=True, max_tokens=16), log=lambda _m: None)
+    report = run_parity(settings(ops={op: "native"}, dtype="float32", locate=True, max_tokens=16), log=lambda _m: None)
     fd = report.first_divergence
     assert fd is not None, f"with {op} native, no divergence was located"
     assert (fd["layer"], fd["op"], fd["site"]) == ("0", op, expected_site), fd

@@ -9,7 +9,8 @@ same bits as the default one (a configuration that did not would be a bug, not a
     from rlkit.bench.kernels import main; main(["--out", "DIR"])   # what `rlkit bench kernels` calls
 
 Timing: triton.testing.do_bench medians (CUDA events; the L2 is flushed before every call, so the
-weights stream from HBM as in a real forward); inputs are random normal, never zeros (METHOD.md).
+weights stream from HBM as in a real forward); inputs are random normal, never zeros (zeros draw less
+power, so the clocks stay higher and the timings flatter the kernel).
 Ratios are native time / strict time, so 1.0 means "as fast as native" and the targets read >= 0.9.
 """
 
@@ -31,7 +32,7 @@ GEMM_SHAPES = {  # Qwen3-8B: name -> (K, N)
     "lm_head": (4096, 151936),
 }
 GEMM_M = (1, 8, 64, 256, 1024, 4096, 8192)
-HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy on the H200 (shared/ENVIRONMENT.md)
+HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy on the H200 (lab/KERNELS_NOTES.md)
 
 
 def _commit() -> str:

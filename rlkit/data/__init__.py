@@ -1,4 +1,4 @@
-"""Data for the lab: real datasets from the shared folder, prompt templates, rewards, the arithmetic task."""
+"""Data for the lab: real datasets from the data folder, prompt templates, rewards, the arithmetic task."""
 
 from rlkit.data.arith import arith_problems
 from rlkit.data.datasets import DataError, Problem, load_dapo, load_gsm8k, load_math500

@@ -1,7 +1,7 @@
-"""Loaders for the real data in the shared folder: DAPO-Math-17k, GSM8K, MATH-500.
+"""Loaders for the real data in the data folder: DAPO-Math-17k, GSM8K, MATH-500.
 
 Every loader returns `Problem(prompt_id, question, answer, source)` items in file order, read offline
-from ../shared/data (or $RLKIT_DATA). The prompt templates turn a question into the user message.
+from the data folder (`rlkit.model.config.data_dir()`: $RLKIT_DATA). The prompt templates turn a question into the user message.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class DataError(FileNotFoundError):
 def _path(*parts: str) -> Path:
     p = data_dir().joinpath(*parts)
     if not p.is_file():
-        raise DataError(f"data file not found: {p} (set RLKIT_DATA to the shared data folder)")
+        raise DataError(f"data file not found: {p} (set RLKIT_DATA to the data folder)")
     return p
 
 

@@ -1,7 +1,7 @@
-"""Qwen3 (dense) configuration and the named presets.
+"""Qwen3 (dense) configuration and the named model presets.
 
-Presets are functions returning a complete config (`presets["tiny"]()`): the four real Qwen3 dense sizes
-read from the shared data folder's config summary, and `tiny`, the same architecture with small dims and
+Model presets are functions returning a complete config (`MODEL_PRESETS["tiny"]()`, or `preset("tiny")`): the four real Qwen3 dense sizes
+read from the data folder's config summary, and `tiny`, the same architecture with small dims and
 the real vocabulary (151,936) for the CPU.
 """
 
@@ -22,7 +22,8 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", **{k:
 
 
 def data_dir() -> Path:
-    """The shared data folder: $RLKIT_DATA, else ../shared/data beside the repository."""
+    """The data folder (tokenizer, datasets, Qwen3 config summary): $RLKIT_DATA; unset, `shared/data` in
+    the folder that holds the repository checkout (the development layout)."""
     env = os.environ.get("RLKIT_DATA")
     if env:
         return Path(env)
@@ -105,7 +106,7 @@ def _from_summary(key: str, name: str) -> Callable[[], Qwen3Config]:
     def preset() -> Qwen3Config:
         path = data_dir() / "qwen3-configs" / "qwen3_dense_configs_summary.json"
         if not path.is_file():
-            raise FileNotFoundError(f"preset {name!r} reads {path}; set RLKIT_DATA to the shared data folder")
+            raise FileNotFoundError(f"preset {name!r} reads {path}; set RLKIT_DATA to the data folder")
         entry = json.loads(path.read_text())[key]
         return Qwen3Config.from_hf({**entry, "model_type": "qwen3"}, name=name)
 
@@ -122,7 +123,7 @@ def qwen3_tiny() -> Qwen3Config:
                        tie_word_embeddings=True, dtype="bfloat16", name="tiny")
 
 
-PRESETS: dict[str, Callable[[], Qwen3Config]] = {
+MODEL_PRESETS: dict[str, Callable[[], Qwen3Config]] = {
     "tiny": qwen3_tiny,
     "qwen3-0.6b": _from_summary("Qwen3-0.6B", "qwen3-0.6b"),
     "qwen3-1.7b": _from_summary("Qwen3-1.7B", "qwen3-1.7b"),
@@ -132,6 +133,7 @@ PRESETS: dict[str, Callable[[], Qwen3Config]] = {
 
 
 def preset(name: str) -> Qwen3Config:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[name]()
+    """The model preset `name` (a Qwen3Config); run presets are rlkit.config.RUN_PRESETS."""
+    if name not in MODEL_PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    return MODEL_PRESETS[name]()

@@ -1,4 +1,4 @@
-"""The real Qwen3 tokenizer and chat template, loaded offline from the shared data folder."""
+"""The real Qwen3 tokenizer and chat template, loaded offline from the data folder."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def load_tokenizer(path: str | None = None):
 
     folder = Path(path) if path else data_dir() / "qwen3-tokenizer"
     if not (folder / "vocab.json").is_file():
-        raise FileNotFoundError(f"no Qwen3 tokenizer at {folder}; set RLKIT_DATA to the shared data folder")
+        raise FileNotFoundError(f"no Qwen3 tokenizer at {folder}; set RLKIT_DATA to the data folder")
     return AutoTokenizer.from_pretrained(str(folder))
 
 

@@ -66,7 +66,7 @@ def seeded_model(cfg: RunConfig) -> Qwen3ForCausalLM:
     """The seeded model a run starts from, before its warm start (rlkit/train/warm_start.py, which the loop
     runs when the config asks for one)."""
     cfg, _ = cfg.with_resolved_dtype()
-    return build_model(preset(cfg.preset).with_dtype(cfg.dtype), seed=cfg.seed, device=cfg.device)
+    return build_model(preset(cfg.model).with_dtype(cfg.dtype), seed=cfg.seed, device=cfg.device)
 
 
 def make_trainer(cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract):
@@ -94,11 +94,3 @@ def engine_copy(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
 def sync_event(engine_id: str, version: int, sent: str, acked: str, started: float) -> SyncEvent:
     return SyncEvent(engine_id=engine_id, version=version, checksum_sent=sent, checksum_acknowledged=acked,
                      started_at=started, finished_at=time.time())
-
-
-def check_acks(events: list[SyncEvent]) -> None:
-    bad = [e for e in events if not e.ok]
-    if bad:
-        e = bad[0]
-        raise SyncError(f"engine {e.engine_id} acknowledged checksum {e.checksum_acknowledged} for version "
-                        f"{e.version}, the trainer published {e.checksum_sent}")

@@ -9,6 +9,7 @@ import torch
 
 from rlkit.config import RunConfig
 from rlkit.contract import NumericsContract
+from rlkit.divergence import locate_first_divergence
 from rlkit.model.qwen3 import Qwen3ForCausalLM
 from rlkit.rollout.engine import EmbeddedEngine
 from rlkit.rollout.types import GenerationRequest, GenerationResult
@@ -59,8 +60,6 @@ class LocalRunner:
             engine.set_contract(contract)
 
     def locate(self, seqs, plens, ids) -> dict | None:
-        from rlkit.parity import locate_first_divergence
-
         engine = self.engines[0]
         return locate_first_divergence(engine.model, engine.contract, engine, seqs, plens, ids)
 

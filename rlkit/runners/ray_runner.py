@@ -29,6 +29,7 @@ import torch
 
 from rlkit.config import RunConfig
 from rlkit.contract import NumericsContract
+from rlkit.divergence import locate_first_divergence
 from rlkit.distributed import free_port, join_group
 from rlkit.model.qwen3 import Qwen3ForCausalLM
 from rlkit.rollout.types import GenerationRequest, GenerationResult
@@ -118,8 +119,6 @@ class _RolloutActor:
         self.engine.set_contract(contract)
 
     def locate(self, seqs, plens, ids):
-        from rlkit.parity import locate_first_divergence
-
         e = self.engine
         return locate_first_divergence(e.model, e.contract, e, seqs, plens, ids)
 

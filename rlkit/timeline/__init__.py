@@ -6,7 +6,7 @@ reached which engine (with what checksum), which ops ran strict or native at eac
 a pandas view for notebooks (`timeline.py`).
 
     from rlkit.timeline import RunStore, StoreFollower, Timeline
-    store = RunStore.create("runs/a", {"preset": "qwen3_tiny_cpu", "seed": 0})
+    store = RunStore.create("runs/a", {"model": "tiny", "seed": 0})
     ...  # store.commit_step(summary, records, recomputes, versions, syncs, toggles)
     Timeline("runs/a").steps()
 

@@ -319,12 +319,6 @@ class RunStore:
             known = self._insert_versions(c, list(versions), after)
             self._insert_syncs(c, list(syncs), after, known)
 
-    def record_version(self, version: WeightVersion) -> None:
-        self.commit_initial(versions=[version])
-
-    def record_sync(self, sync: SyncEvent) -> None:
-        self.commit_initial(syncs=[sync])
-
     def commit_step(self, summary: StepSummary, records: Iterable[RolloutRecord] = (),
                     recomputes: Iterable[Recompute] = (), versions: Iterable[WeightVersion] = (),
                     syncs: Iterable[SyncEvent] = (), toggles: Iterable[ToggleEvent] = (), *,

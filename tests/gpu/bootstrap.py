@@ -1,6 +1,7 @@
-"""Make `rlkit.kernels` importable where rlkit is not installed (the lent H200: the repository is copied
-there and run with PYTHONPATH=., but `kernels/` becomes `rlkit.kernels` only through the editable
-install's package-dir mapping). Loads kernels/ under that name; does nothing when it already imports."""
+"""Make `rlkit.kernels` importable for tests/gpu where rlkit is not installed (a bare copy of the checkout
+run with PYTHONPATH=.: `kernels/` becomes `rlkit.kernels` only through the install's package-dir mapping).
+Loads kernels/ under that name; does nothing when it already imports. Only tests/gpu uses it: the lab
+scripts run against the installed package (`pip install --no-deps --no-build-isolation -e .`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Strict Triton kernels on the GPU: closeness to fp64, and `torch.equal` invariance where it matters.
 
-Run on the H200: `PYTHONPATH=. python -m pytest -q tests/gpu` (lab/gpu_run.py does it with the
-benchmarks). Two kinds of assertion, kept apart (STYLE.md rule 2): closeness with a tolerance, and
+Run on the H200: `pip install --no-deps --no-build-isolation -e .` then `python -m pytest -q tests/gpu`
+(lab/gpu_run.py does it with the benchmarks). Two kinds of assertion, kept apart (STYLE.md rule 2): closeness with a tolerance, and
 bitwise invariance with none. Sizes are chosen either side of every launch threshold:
 - GEMM: M <= 64 runs the swapped decode kernel (token tiles of 16/32/64), M > 64 the 128x128 tile kernel,
   whose K chunks run in one program or split over C programs depending on the tile count (for N = 4096

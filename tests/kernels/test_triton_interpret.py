@@ -2,8 +2,8 @@
 
 TRITON_INTERPRET must be set before the kernels are decorated, so this module's one test runs the cases
 (tests/kernels/triton_interpret_cases.py) in a fresh process with the variable set, and fails with their
-output if any case fails. Inputs are fp32 (the interpreter's bf16 dot and bf16 rounding are wrong,
-shared/ENVIRONMENT.md), so the fp32 kernels are compared with the references at fp32 tolerances; the
+output if any case fails. Inputs are fp32 (the interpreter's bf16 dot and bf16 rounding are wrong:
+measured with Triton 3.6), so the fp32 kernels are compared with the references at fp32 tolerances; the
 interpreter's bits say nothing about GPU bits (tests/gpu proves those on the H200). What is checked:
 masks and tails (M, N, K not multiples of the tiles, a short last K step, a short last vocab chunk,
 queries and keys not multiples of the blocks, NaN in unwritten cache slots), chunk and split boundaries,

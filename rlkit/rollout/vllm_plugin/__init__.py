@@ -14,8 +14,8 @@ vLLM process through the general-plugin entry point (see `pyproject.toml`):
     [project.entry-points."vllm.general_plugins"]
     rlkit = "rlkit.rollout.vllm_plugin:register"
 
-On the CPU, `register()` also calls `torch.cpu._init_amx()` (see ../shared/ENVIRONMENT.md: without it vLLM's
-AMX attention kernel raises SIGILL on CPUs with AMX); elsewhere that call is skipped.
+On the CPU, `register()` also calls `torch.cpu._init_amx()` (measured on this project's CPU
+machines: without it vLLM's AMX attention kernel raises SIGILL on CPUs with AMX); elsewhere that call is skipped.
 """
 
 from __future__ import annotations

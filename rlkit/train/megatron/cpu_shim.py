@@ -1,7 +1,7 @@
 """The one place where Megatron-core is made to run on a machine without a GPU, scoped and reversible.
 
 Why: megatron-core 0.16.1 assumes CUDA in a few spots that rlkit's CPU runs (developers, CI with gloo)
-reach. Measured here (../shared/ENVIRONMENT.md and this package's tests):
+reach. Measured on the project's CPU machines (and pinned by tests/train/test_megatron.py):
 1. `torch.cuda.current_device()` used as a device argument (rotary embeddings, attention utilities,
    parameter allocation without use_cpu_initialization);
 2. `Tensor.cuda()` when a pipeline-parallel model ties its embedding to the output layer
