@@ -7,7 +7,7 @@ max_abs_diff (floats as `float.hex`, so the file holds their exact bits), the ch
 update produced, and a SHA-256 of every record's id, tokens and recorded logprobs (fp32 bytes).
 tests/golden/test_golden.py reruns it and compares every field exactly.
 
-The run always happens in a child process started with rlkit.cpu_env.REPRODUCIBLE_CPU_ENV (MKL's
+The run always happens in a child process started with rlkit.hardware.REPRODUCIBLE_CPU_ENV (MKL's
 vendor-independent branch, ATen and oneDNN capped at AVX2): without it the bits depend on the CPU's
 instruction set (measured: an Intel AVX-512 CPU and the same CPU capped at AVX2 differ from step 0).
 The file records the libraries the bits came from (`platform`: torch, MKL, oneDNN, ATen's ISA).
@@ -32,12 +32,12 @@ import tempfile
 from pathlib import Path
 
 from rlkit.config import RunConfig, lab_default
-from rlkit.cpu_env import REPRODUCIBLE_CPU_ENV, child_env, cpu_platform
+from rlkit.hardware import REPRODUCIBLE_CPU_ENV, child_env, cpu_platform
 
 GOLDEN_FILE = Path(__file__).with_name("tiny_strict_run.json")
 GOLDEN_CONFIG: RunConfig = lab_default(steps=3, warm_start_steps=0, prompts_per_step=2, samples_per_prompt=4,
                                        path="strict", shaping=0.1, locate_every=0, checkpoint_every=0,
-                                       seed=7, threads=1)
+                                       seed=7, threads=1, dtype="float32")
 ROOT = Path(__file__).resolve().parents[2]
 
 

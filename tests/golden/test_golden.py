@@ -2,7 +2,7 @@
 per-step rows bit for bit (floats compared through `float.hex`, weights through their checksum, records
 through a SHA-256 of their tokens and fp32 logprobs).
 
-The run happens in a child process under rlkit.cpu_env.REPRODUCIBLE_CPU_ENV, which pins the instruction
+The run happens in a child process under rlkit.hardware.REPRODUCIBLE_CPU_ENV, which pins the instruction
 set of MKL, oneDNN and ATen, so the bits do not depend on which CPU (Intel AVX-512 or AMD AVX2) runs it.
 What they still depend on is the libraries themselves: the file names its torch / MKL / oneDNN builds.
 On those builds every field must match. With other builds (a torch other than the pinned one) the
