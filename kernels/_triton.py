@@ -18,6 +18,7 @@ share a @jit helper (attention's split state and its merge) then give the same b
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -44,6 +45,27 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # Every launch passes these; see the module docstring for why fusion is off.
 LAUNCH = {"enable_fp_fusion": False}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch as its launcher decided it, returned to the caller that asks (the benchmarks):
+    which kernel, its plan (tiles, warps, stages, grid) and the compiled kernel Triton gave back."""
+
+    kernel: str
+    """The kernel's role, e.g. "swapped", "tiles", "fused", "split"."""
+    plan: dict
+    """The launch configuration the launcher chose (none of it changes a bit)."""
+    compiled: object
+    """What `kernel[grid](...)` returned: Triton's compiled kernel (None under the interpreter)."""
+
+    @property
+    def registers(self) -> int:
+        return getattr(self.compiled, "n_regs", -1)
+
+    @property
+    def spills(self) -> int:
+        return getattr(self.compiled, "n_spills", -1)
 
 
 def interpreting() -> bool:

@@ -34,7 +34,8 @@ from rlkit.model.config import preset  # noqa: E402
 from rlkit.model.qwen3 import build_model_on_device  # noqa: E402
 from rlkit.model.tokenizer import chat_prompt_ids, load_tokenizer  # noqa: E402
 from rlkit.rollout.engine import EmbeddedEngine, EngineConfig  # noqa: E402
-from rlkit.rollout.types import GenerationRequest, SamplingConfig  # noqa: E402
+from rlkit.rollout.types import GenerationRequest
+from rlkit.types import SamplingParams  # noqa: E402
 from rlkit.train.recompute import response_logprobs  # noqa: E402
 
 
@@ -50,7 +51,7 @@ def chain(model, contract, prompts, max_tokens: int, pack_tokens: int, label: st
     cfg = EngineConfig(page_size=page, num_pages=n * (-(-longest // page)), max_num_seqs=n,
                        max_batch_tokens=8192, max_model_len=longest)
     engine = EmbeddedEngine(model, contract, cfg)
-    sampling = SamplingConfig(max_tokens=max_tokens, seed=1234, stop_token_ids=())
+    sampling = SamplingParams(max_tokens=max_tokens, seed=1234, stop_token_ids=())
     reqs = [GenerationRequest(f"{label}-{i}", tuple(p), sampling) for i, p in enumerate(prompts)]
     sync()
     t0 = time.time()

@@ -29,12 +29,12 @@ import torch
 from rlkit import ops
 from rlkit.contract import NumericsContract
 from rlkit.divergence import ActivationRecorder, DivergenceStats, first_divergence, flatten, logprob_divergence
-from rlkit.kernels.logprob import SamplingParams
 from rlkit.model import build_model, preset
 from rlkit.model.config import DTYPE_ALIASES
 from rlkit.model.qwen3 import ForwardBatch
-from rlkit.rollout import EmbeddedEngine, EngineConfig, GenerationRequest, SamplingConfig
+from rlkit.rollout import EmbeddedEngine, EngineConfig, GenerationRequest
 from rlkit.train.recompute import response_logprobs
+from rlkit.types import SamplingParams
 
 ROLLOUTS = ("embedded", "vllm")
 
@@ -71,7 +71,13 @@ class ParitySettings:
             raise ValueError("--prompts and --max-tokens must be >= 1")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError("--device cuda asked, but torch sees no CUDA device on this machine")
-        SamplingParams(self.temperature, self.top_k, self.top_p)  # validates
+        self.sampling  # validates temperature / top_k / top_p
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """Every rollout request's sampling (rlkit.types.SamplingParams)."""
+        return SamplingParams(self.temperature, self.top_k, self.top_p, max_tokens=self.max_tokens,
+                              seed=self.seed)
 
     def build_contract(self) -> NumericsContract:
         base = self.contract or NumericsContract.default()
@@ -145,8 +151,7 @@ def run_parity(settings: ParitySettings, log=None) -> ParityReport:
     model = build_model(cfg, seed=settings.seed, device=settings.device)
     engine = build_rollout(settings, model, contract)
     prompts = dapo_prompts(settings.prompts)
-    sampling = SamplingConfig(temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-                              max_tokens=settings.max_tokens, seed=settings.seed)
+    sampling = settings.sampling
     requests = [GenerationRequest(f"{pid}-s{settings.seed}", tuple(ids), sampling) for pid, ids in prompts]
     log(f"rollout: {len(requests)} DAPO-Math-17k prompts, up to {settings.max_tokens} tokens each")
     results = engine.generate(requests, progress=True)
@@ -180,9 +185,9 @@ def run_parity(settings: ParitySettings, log=None) -> ParityReport:
         notes.append(f"the {settings.rollout} engine offers no prefill scoring: links 2 and 3 not run")
     trainer_resp = [f[plen - 1 :] for f, plen in zip(full, plens)]
     add("trainer_vs_decode", [r.raw_logprobs for r in results], trainer_resp)
-    if not sampling.params.is_identity:
+    if not sampling.is_identity:
         with ops.use_contract(contract):
-            processed = response_logprobs(model, seqs, plens, [sampling.params] * len(seqs),
+            processed = response_logprobs(model, seqs, plens, [sampling] * len(seqs),
                                           max_batch_tokens=settings.trainer_batch_tokens)
         add("trainer_vs_decode_processed", [r.processed_logprobs for r in results], processed)
     fd = None

@@ -25,7 +25,7 @@ import torch
 
 from rlkit import ops
 from rlkit.contract import NumericsContract
-from rlkit.kernels.attention import AttentionLayout
+from rlkit.types import AttentionLayout
 from rlkit.model.qwen3 import ForwardBatch, Qwen3ForCausalLM
 from rlkit.rollout.kv_cache import PagedKVCache
 

@@ -11,7 +11,7 @@ from rlkit import NumericsContract
 from rlkit.bitwise import assert_bitwise_equal, compare
 from rlkit.contract import AttentionSpec
 from rlkit.kernels import attention
-from rlkit.kernels.attention import AttentionLayout
+from rlkit.types import AttentionLayout
 from rlkit.kernels.errors import OpInputError
 from tests.kernels.tolerances import REL_TOL, rel_err
 

@@ -109,7 +109,7 @@ SMALL_LP = C.replace(logprob=LogprobSpec(vocab_chunk=1024, row_block=8))
 def test_logprob_chunks_tail_and_engine_path():
     """V = 4321: five vocab chunks of 1024 (the last one short) padded to an 8-leaf tree."""
     from rlkit.kernels import logprob
-    from rlkit.kernels.logprob import SamplingParams
+    from rlkit.types import SamplingParams
     h, w = torch.randn(20, 64, generator=g(13)), torch.randn(4321, 64, generator=g(14)) / 2
     ids = torch.randint(0, 4321, (20,), generator=g(15))
     out = logprob.triton_logprob(h, w, ids, SMALL_LP)
@@ -131,11 +131,11 @@ def test_row_cumsum_is_close_and_row_invariant():
     batch; the same call twice gives the same bits (V = 2500: three blocks of 1024, the last short)."""
     from rlkit.kernels import logprob
     x = torch.rand(5, 2500, generator=g(16))
-    out = logprob.triton_row_cumsum(x)
+    out = logprob.triton_row_cumsum(x, 1024)
     assert float((out - torch.cumsum(x, -1)).abs().max()) < 1e-3
     for r in (0, 4):
-        assert_bitwise_equal(logprob.triton_row_cumsum(x[r : r + 1]), out[r : r + 1], f"row {r} alone")
-    assert_bitwise_equal(logprob.triton_row_cumsum(x), out, "second call")
+        assert_bitwise_equal(logprob.triton_row_cumsum(x[r : r + 1], 1024), out[r : r + 1], f"row {r} alone")
+    assert_bitwise_equal(logprob.triton_row_cumsum(x, 1024), out, "second call")
 
 
 # -- attention ----------------------------------------------------------------------------------------
@@ -148,7 +148,7 @@ def test_attention_modes_agree_and_match_reference():
     handed out shuffled, unwritten slots NaN; decode on both sides of the split boundaries."""
     warnings.filterwarnings("ignore")
     from rlkit.kernels import attention
-    from rlkit.kernels.attention import AttentionLayout
+    from rlkit.types import AttentionLayout
     gen = g(16)
     a = tuple(torch.randn(150, h, D, generator=gen) for h in (H, KVH, KVH))
     b = tuple(torch.randn(37, h, D, generator=gen) for h in (H, KVH, KVH))

@@ -43,9 +43,8 @@ from vllm.v1.sample.sampler import Sampler
 
 from rlkit import ops
 from rlkit.contract import NumericsContract
-from rlkit.kernels import logprob as _logprob
-from rlkit.kernels.logprob import SamplingParams
 from rlkit.rollout.sampling import request_generator, sample_token
+from rlkit.types import SamplingParams
 
 SEED_KEY = "rlkit_seed"
 REQUEST_ID_KEY = "rlkit_request_id"
@@ -105,10 +104,8 @@ class RlkitSampler(Sampler):
     def compute_logprobs(self, logits: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if self.contract.path("logprob") != "strict":
             return super().compute_logprobs(logits)
-        z = logits.to(torch.float32)
         with ops.use_contract(self.contract):
-            total = _logprob.lse(z, self.contract).unsqueeze(-1)
-        return torch.where(torch.isinf(z), z, z - total)
+            return ops.log_softmax(logits.to(torch.float32))
 
     def forward(self, logits: torch.Tensor, sampling_metadata, predict_bonus_token: bool = False,
                 logprobs_mode_override=None) -> SamplerOutput:
@@ -147,7 +144,7 @@ class RlkitSampler(Sampler):
                 if two_columns:
                     cols[i, 1] = second[0]
                 # rank in the primary distribution (log-softmax is monotonic in the logits)
-                z = raw[i] if primary_raw else _logprob.process_logits(row, params)[0]
+                z = raw[i] if primary_raw else ops.process_logits(row, params)[0]
                 ranks[i] = (z > z[token]).sum() + 1
         self._prune()
         logprobs_tensors = None
