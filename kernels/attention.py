@@ -17,7 +17,11 @@ so every block tree has exactly `block_size` leaves in every mode.
 The reference vectorizes over all sequences of a call by padding them to a common length; the guards
 make the padding invisible, which is itself the batch-invariance claim under test.
 
-GPU: the Triton kernel at the end of this file runs this schedule for CUDA tensors (`strict(...)`).
+GPU: the Triton kernel at the end of this file runs this schedule for CUDA tensors (`strict(...)`). It
+reads `attention.split_size`, `attention.block_size` and `gpu.fp_fusion`, and covers a power-of-two
+block_size in [16, 128] and up to 2^MAX_SLOTS - 1 splits a sequence; other cases run the reference.
+`launch` returns what it launched (plan and compiled kernel) to the caller that asks, the benchmarks.
+The layout type lives in rlkit/types.py (`AttentionLayout`), shared with the model and the engines.
 """
 
 from __future__ import annotations
@@ -522,7 +526,7 @@ def launch(plan: dict, q, k, v, contract: NumericsContract) -> tuple[torch.Tenso
     page, stride_kt, stride_ks, stride_kh, stride_bt = plan["k_strides"]
     common = dict(GROUP=plan["group"], BM=BLOCK_M, BN=spec.block_size, SPLIT=spec.split_size, D=d,
                   PAGED=plan["paged"], NSLOTS=plan["nslots"], IEEE=q.dtype == torch.float32,
-                  num_warps=NUM_WARPS, **_tr.launch_options())
+                  num_warps=NUM_WARPS, **_tr.launch_options(contract))
     args = (plan["tile_seq"], plan["tile_q0"], plan["cu_q"], plan["qstart"], plan["ctx"], plan["cu_k"], plan["bt"],
             q.stride(0), q.stride(1), stride_kt, stride_ks, stride_kh, stride_bt, page, heads,
             plan["max_splits"], float(d ** -0.5))

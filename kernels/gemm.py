@@ -10,11 +10,14 @@ machine's MKL: a plain `x @ w.T` gives different bits for a row alone and the sa
 or more; the fixed-tile calls give identical bits (tests/kernels/test_gemm.py).
 
 Row-parallel tensor parallelism: a rank holding K/tp of the columns computes the subtree of its
-k_chunks/tp chunks with `partial(...)`; `rlkit.kernels.collectives.all_reduce` gathers the per-rank fp32
+k_chunks/tp chunks with `partial(...)`; `rlkit.kernels.collectives.reference` gathers the per-rank fp32
 partials and combines the top levels of the same tree, so TP 1, 2 and 4 give the same bits.
 
 GPU: the Triton kernels at the end of this file run the same contract on tensor cores for CUDA tensors
-(`strict(...)` picks them; `rlkit.ops.linear` calls `strict`).
+(`strict(...)` picks them; `rlkit.ops.linear` calls `strict`). They read `gemm.k_chunks`, `gemm.k_tile` and
+`gpu.fp_fusion`, and cover k_chunks / shards in TREE_CHUNKS (1, 2, 4, 8; the tree is unrolled); other
+chunk counts run the reference, which defines the contract. `triton_launch` returns what it launched
+(plan and compiled kernel) to the caller that asks, the benchmarks.
 """
 
 from __future__ import annotations
@@ -464,7 +467,7 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
     cfg = plan(m, n, x.device, config)
     ieee = x.dtype == torch.float32
     even_k = kc % bk == 0
-    opts = _tr.launch_options()
+    opts = _tr.launch_options(contract)
     if cfg["kind"] == "swapped":
         grid = (_tr.cdiv(n, cfg["BN"]), c, _tr.cdiv(m, cfg["BT"]))
         ws = torch.empty(c * m * n if c > 1 else 1, dtype=torch.float32, device=x.device)

@@ -1,6 +1,6 @@
 """Strict token logprobs: lm_head GEMM + vocab-chunked log-sum-exp, raw and processed.
 
-Contract (LogprobSpec + GemmSpec): logits = hidden @ lm_head.T by the strict GEMM, rounded once to fp32
+Contract (LogprobSpec: vocab_chunk, row_block, top_p_scan_block; GemmSpec): logits = hidden @ lm_head.T by the strict GEMM, rounded once to fp32
 (never to the model dtype). The vocabulary is cut into chunks of `vocab_chunk` entries; each chunk gives
 (max, sum of exp(x - max)) with the canonical pairwise tree; chunks merge by the pairwise LSE tree.
 logprob(t) = logit[t] - lse.
@@ -14,7 +14,9 @@ Two semantics, both defined here and used by the rollout engine and the trainer 
 
 Rows are processed `row_block` at a time, so raw logprobs never hold a [tokens x vocab] fp32 tensor.
 
-GPU: the Triton path at the end of this file (strict GEMM to fp32 logits + a vocab-chunk LSE kernel).
+GPU: the Triton path at the end of this file (strict GEMM to fp32 logits + a vocab-chunk LSE kernel, and
+the top-p scan in blocks of `top_p_scan_block`); it covers a power-of-two vocab_chunk up to 65536, other
+chunk sizes run the reference.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, contract: Numer
         probs = torch.exp(sorted_z - sorted_z[:, :1])  # unnormalized, max entry = 1
         # exclusive cumulative mass, compared against top_p * total mass: an fp32 scan of each row on its
         # own (`row_cumsum`: sequential on the CPU, a fixed blocked scan on the GPU)
-        cum = row_cumsum(probs, contract.logprob.top_p_scan_block)
+        cum = row_cumsum(probs, contract)
         total = cum[:, -1:]
         exclusive = cum - probs
         keep_sorted = exclusive < params.top_p * total
@@ -231,24 +233,24 @@ def _row_cumsum_kernel(x_ptr, y_ptr, V, stride, BLOCK: tl.constexpr):
         carry = carry + tl.sum(x, axis=0)
 
 
-def row_cumsum(x: torch.Tensor, block: int) -> torch.Tensor:
+def row_cumsum(x: torch.Tensor, contract: NumericsContract) -> torch.Tensor:
     """Inclusive prefix sums along the last dim of fp32 [rows, n], each row scanned on its own in a fixed
-    order, so a row's sums depend on nothing else: on the GPU the Triton scan above in blocks of `block`
-    (the contract's `logprob.top_p_scan_block`; torch's CUDA
+    order, so a row's sums depend on nothing else: on the GPU the Triton scan above in blocks of the
+    contract's `logprob.top_p_scan_block` (torch's CUDA
     cumsum reduces in an order that can change from run to run and with the number of rows, which once
     flipped a top-p boundary token between two identical decode runs); on the CPU torch's sequential
     scan. The two orders differ, so CPU and GPU may keep different tokens at an exact top-p tie."""
     if _tr.on_gpu(x) and x.dim() == 2:
-        return triton_row_cumsum(x, block)
+        return triton_row_cumsum(x, contract)
     return torch.cumsum(x, dim=-1, dtype=torch.float32)
 
 
-def triton_row_cumsum(x: torch.Tensor, block: int) -> torch.Tensor:
+def triton_row_cumsum(x: torch.Tensor, contract: NumericsContract) -> torch.Tensor:
     x = x.float().contiguous()
     y = torch.empty_like(x)
     if x.numel():
-        _row_cumsum_kernel[(x.shape[0],)](x, y, x.shape[1], x.stride(0), BLOCK=block, num_warps=4,
-                                          **_tr.launch_options())
+        _row_cumsum_kernel[(x.shape[0],)](x, y, x.shape[1], x.stride(0), BLOCK=contract.logprob.top_p_scan_block,
+                                          num_warps=4, **_tr.launch_options(contract))
     return y
 
 
@@ -270,7 +272,7 @@ def triton_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contr
         vc = contract.logprob.vocab_chunk
         nc = _tr.next_pow2(_tr.cdiv(vocab, vc))
         _logprob_rows_kernel[(rows,)](z, token_ids, out, vocab, z.stride(0), VC=vc, NC=nc,
-                                      LOG_NC=nc.bit_length() - 1, num_warps=8, **_tr.launch_options())
+                                      LOG_NC=nc.bit_length() - 1, num_warps=8, **_tr.launch_options(contract))
     return out
 
 
@@ -340,7 +342,7 @@ def strict_from_logits(logits_fp32, token_ids, contract, params=None):
 
 def strict_log_softmax(logits_fp32, contract):
     """Strict log-probabilities of every entry (the reference's tree on every device)."""
-    return log_softmax(logits_fp32.float(), contract)
+    return log_softmax(logits_fp32, contract)
 
 
 def strict(hidden, weight, token_ids, contract, params=None):

@@ -1,14 +1,32 @@
 """The numerics contract: the data that both the trainer and the rollout engine execute.
 
 A `NumericsContract` says, for every op of a dense Qwen3 forward, which path runs (`strict` or `native`)
-and, for the strict path, everything that decides the bits of the result: how each reduction is cut and
-merged, the precision of every intermediate, where each rounding sits and which math primitives are used.
-The strict implementations in `rlkit.kernels` read these fields; nothing else decides their bits.
+and, for the strict path, every parameter that decides the bits of the result: how each reduction is cut
+(GEMM K chunks, attention splits and blocks, vocab chunks, the top-p scan block), the CPU GEMM's row
+tile, where the RMSNorm weight multiply rounds, and what the GPU compiler may fuse. What has exactly one
+implementation (every tree is the canonical pairwise tree of kernels/tree.py, every accumulation fp32,
+every rounding once where the reference rounds) is stated in the section docstrings, not as fields.
+Every field has a reader in `rlkit.kernels` (paths: in `rlkit.ops`); nothing else decides their bits.
+
+Where a value is refused: when the contract is built. A contract is shared by both sides of a run, so
+a value no kernel implements (a K chunk count that is not a power of two, FMA fusion, ...) fails where
+it is written with a `ContractError` naming the field, never later on one side. Within the accepted
+values, a GPU kernel that does not cover a case (e.g. a K chunk count above 8) runs the torch reference
+for it, which defines the contract (kernels/*.py say which cases each kernel covers).
 
 Why frozen data and not flags spread over modules: the contract's `fingerprint()` is stored in every
 rollout record and every trainer recompute, and comparison code refuses to compare records made under
 different fingerprints. A toggle (`contract.with_ops(attention="native")`) is a new contract with a new
 fingerprint, so a record always says exactly which numerics produced it.
+
+Versions. The fingerprint hashes the canonical JSON of the contract in its version's field set, so it
+changes with any field's value, any op's path, the name, the version, and the field set itself.
+`qwen3-dense-strict-v2` (the default) dropped v1's fields that no code read (each had one allowed value)
+and added `logprob.top_p_scan_block` and `gpu.fp_fusion`, which v1's kernels fixed at 1024 and False.
+The kernels compute the same bits under both, so v1 stays selectable (`NumericsContract.v1()`): it
+serializes its v1 field set and keeps the fingerprints its runs recorded (e.g. b8dbda3e304b4df3, all
+strict). A run's records are compared only with records of the same fingerprint, so a v1 run is never
+compared with a v2 run (`rlkit.divergence.check_fingerprints` names both contracts).
 
     >>> from rlkit import NumericsContract
     >>> c = NumericsContract.default()
@@ -170,9 +188,25 @@ class RmsNormSpec(_Section):
         _one_of("rms_norm.weight_multiply", self.weight_multiply, ("model_dtype", "float32"))
 
 
+@dataclass(frozen=True)
+class GpuSpec(_Section):
+    """What the GPU kernels' compiler may do to the arithmetic the kernel source writes."""
+
+    fp_fusion: bool = False
+    """Whether the compiler may contract a*b + c into one fused multiply-add (one rounding instead of
+    two). Only False is implemented: two kernels that share a helper (attention's split state in the
+    fused and the split-parallel launch) must round where the source says, and with fusion the
+    compiler decides per kernel (kernels/_triton.py `launch_options`)."""
+
+    def validate(self) -> None:
+        if self.fp_fusion is not False:
+            raise ContractError("gpu.fp_fusion", self.fp_fusion,
+                                "False (the kernels round where their source says; fusion is not implemented)")
+
+
 _SECTIONS = {
     "paths": OpPaths, "gemm": GemmSpec, "attention": AttentionSpec, "logprob": LogprobSpec,
-    "rms_norm": RmsNormSpec,
+    "rms_norm": RmsNormSpec, "gpu": GpuSpec,
 }
 
 V1_NAME = "qwen3-dense-strict-v1"
@@ -193,7 +227,7 @@ V1_FIXED: dict[str, dict[str, str]] = {
 version 2 states them in the section docstrings instead. A v1 contract still serializes them, so its
 JSON, and its fingerprint, are what v1 stores hold."""
 
-V1_ONLY_DEFAULTS: dict[str, dict[str, Any]] = {"logprob": {"top_p_scan_block": 1024}}
+V1_ONLY_DEFAULTS: dict[str, dict[str, Any]] = {"logprob": {"top_p_scan_block": 1024}, "gpu": {"fp_fusion": False}}
 """Fields version 1 did not write: a v1 contract has the value its kernels used, and no other."""
 
 
@@ -209,6 +243,7 @@ class NumericsContract:
     attention: AttentionSpec = field(default_factory=AttentionSpec)
     logprob: LogprobSpec = field(default_factory=LogprobSpec)
     rms_norm: RmsNormSpec = field(default_factory=RmsNormSpec)
+    gpu: GpuSpec = field(default_factory=GpuSpec)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -312,6 +347,8 @@ class NumericsContract:
             for section, fields in V1_ONLY_DEFAULTS.items():
                 for key in fields:
                     del data[section][key]
+                if not data[section]:
+                    del data[section]
             for section, fields in V1_FIXED.items():
                 data.setdefault(section, {}).update(fields)
         return data

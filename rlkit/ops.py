@@ -1,7 +1,10 @@
 """One dispatch point per op: the active numerics contract decides strict or native.
 
 Every layer of rlkit's Qwen3 (and of the vLLM and Megatron adapters) calls these functions; nothing else
-chooses kernels. The contract in effect is scoped, never global state patched into torch:
+chooses kernels, and no module of rlkit other than this one (and the benchmarks) imports `rlkit.kernels`.
+The adapters' own numerics go through here too: the vLLM sampler's `log_softmax` and `process_logits`,
+the engines' sampling (`process_logits`), the Megatron trainer's gradient and norm reductions
+(`reduce_sum`). The contract in effect is scoped, never global state patched into torch:
 
     from rlkit import ops, NumericsContract
     with ops.use_contract(NumericsContract.default().with_ops(attention="native")):

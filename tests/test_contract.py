@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from rlkit import ContractError, NumericsContract, OPS
-from rlkit.contract import (_SECTIONS, V1_FIXED, AttentionSpec, GemmSpec, LogprobSpec, OpPaths, RmsNormSpec)
+from rlkit.divergence import FingerprintMismatch, check_fingerprints
+from rlkit.contract import (_SECTIONS, V1_FIXED, AttentionSpec, GemmSpec, GpuSpec, LogprobSpec, OpPaths,
+                            RmsNormSpec)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +39,7 @@ def test_v1_keeps_its_fingerprints_and_json():
     data = json.loads(v1.to_json())
     for section, fields in V1_FIXED.items():
         assert {k: data[section][k] for k in fields} == fields
-    assert "top_p_scan_block" not in data["logprob"]
+    assert "top_p_scan_block" not in data["logprob"] and "gpu" not in data
     back = NumericsContract.from_json(v1.to_json())
     assert back == v1 and back.fingerprint() == v1.fingerprint()
     # the same kernel parameters as v2's default, under another name, version and fingerprint
@@ -116,6 +118,7 @@ def test_json_round_trip_keeps_every_field():
     (lambda: LogprobSpec(top_p_scan_block=1000), "logprob.top_p_scan_block", "power of two"),
     (lambda: LogprobSpec(top_p_scan_block=-2), "logprob.top_p_scan_block", "positive"),
     (lambda: RmsNormSpec(weight_multiply="bfloat16"), "rms_norm.weight_multiply", "model_dtype | float32"),
+    (lambda: GpuSpec(fp_fusion=True), "gpu.fp_fusion", "False"),
     (lambda: NumericsContract(name=""), "name", "non-empty"),
     (lambda: NumericsContract(version=3), "version", "1 | 2"),
     (lambda: NumericsContract(version=0), "version", "positive"),
@@ -156,3 +159,47 @@ def test_every_op_path_refuses_other_values(op):
     with pytest.raises(ContractError) as err:
         OpPaths(**{op: "fast"})
     assert err.value.field_name == f"paths.{op}"
+
+
+def test_records_of_different_contracts_are_never_compared():
+    """A store written under v1 holds v1 fingerprints: comparing its records with a v2 run's is refused
+    with one line naming both contracts (an unknown fingerprint is named as it is)."""
+    v1, v2 = NumericsContract.v1(), NumericsContract.default()
+    check_fingerprints(v1.fingerprint(), v1.fingerprint())
+    with pytest.raises(FingerprintMismatch) as err:
+        check_fingerprints(v1.fingerprint(), v2.with_ops(attention="native").fingerprint())
+    msg = str(err.value)
+    assert "\n" not in msg and "refusing to compare" in msg
+    assert "b8dbda3e304b4df3 (qwen3-dense-strict-v1 v1, all strict)" in msg
+    assert f"{v2.with_ops(attention='native').fingerprint()} (qwen3-dense-strict-v2 v2, native attention)" in msg
+    with pytest.raises(FingerprintMismatch, match="rollout contract 0123456789abcdef != trainer"):
+        check_fingerprints("0123456789abcdef", v2.fingerprint())
+
+
+def test_numerics_table_points_at_code_and_tests_that_exist():
+    """docs/NUMERICS.md: every contract field it names exists, every `file` `function` it names is
+    defined in that file, every `tests/...::test` exists."""
+    text = (ROOT / "docs" / "NUMERICS.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| source")]
+    assert len(rows) >= 9
+    fields = {f"{section}.{f.name}" for section, kind in _SECTIONS.items() for f in dataclasses.fields(kind)}
+    checked = 0
+    for line in text.splitlines():
+        current = None
+        for token in re.findall(r"`([^`]+)`", line):
+            if "::" in token and token.startswith("tests/"):
+                path, name = token.split("::")
+                assert re.search(rf"^def {name}\b", (ROOT / path).read_text(), re.M), token
+                checked += 1
+            elif token.endswith(".py"):
+                assert (ROOT / token).is_file(), token
+                current = ROOT / token
+            elif re.fullmatch(r"[a-z_]+\.[a-z_<>]+", token) and token.split(".")[0] in _SECTIONS:
+                assert token in fields or token == "paths.<op>", f"{token}: no such contract field"
+                checked += 1
+            elif current is not None and re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*(\(.*\))?", token):
+                name = token.split("(")[0]
+                assert re.search(rf"^\s*(def|class) {name}\b|^{name} = ", current.read_text(), re.M), \
+                    f"{token} is not defined in {current.relative_to(ROOT)}"
+                checked += 1
+    assert checked > 60

@@ -131,11 +131,11 @@ def test_row_cumsum_is_close_and_row_invariant():
     batch; the same call twice gives the same bits (V = 2500: three blocks of 1024, the last short)."""
     from rlkit.kernels import logprob
     x = torch.rand(5, 2500, generator=g(16))
-    out = logprob.triton_row_cumsum(x, 1024)
+    out = logprob.triton_row_cumsum(x, C)
     assert float((out - torch.cumsum(x, -1)).abs().max()) < 1e-3
     for r in (0, 4):
-        assert_bitwise_equal(logprob.triton_row_cumsum(x[r : r + 1], 1024), out[r : r + 1], f"row {r} alone")
-    assert_bitwise_equal(logprob.triton_row_cumsum(x, 1024), out, "second call")
+        assert_bitwise_equal(logprob.triton_row_cumsum(x[r : r + 1], C), out[r : r + 1], f"row {r} alone")
+    assert_bitwise_equal(logprob.triton_row_cumsum(x, C), out, "second call")
 
 
 # -- attention ----------------------------------------------------------------------------------------
