@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlkit import ops
-from rlkit.types import AttentionLayout, SamplingParams
 from rlkit.model.config import Qwen3Config
 from rlkit.model.parallel import TensorParallel, shard_state_dict
+from rlkit.types import AttentionLayout, SamplingParams
 
 
 class KVCache(Protocol):

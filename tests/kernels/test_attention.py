@@ -11,8 +11,8 @@ from rlkit import NumericsContract
 from rlkit.bitwise import assert_bitwise_equal, compare
 from rlkit.contract import AttentionSpec
 from rlkit.kernels import attention
-from rlkit.types import AttentionLayout
 from rlkit.kernels.errors import OpInputError
+from rlkit.types import AttentionLayout
 from tests.kernels.tolerances import REL_TOL, rel_err
 
 SMALL = NumericsContract.default().replace(attention=AttentionSpec(split_size=64, block_size=16))

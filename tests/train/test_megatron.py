@@ -27,9 +27,9 @@ from rlkit.bitwise import assert_bitwise_equal, compare
 from rlkit.model import build_model, preset
 from rlkit.rollout.engine import EmbeddedEngine
 from rlkit.rollout.types import GenerationRequest
-from rlkit.types import SamplingParams
 from rlkit.train.trainer import OptimConfig
 from rlkit.train.megatron import convert
+from rlkit.types import SamplingParams
 from tests.distributed import run_ranks
 
 pytestmark = pytest.mark.megatron
@@ -77,7 +77,6 @@ def rollouts() -> dict:
 def _rank(rank, world, tp, pp, jobs, train_job):
     """Build the trainer per dtype, recompute every job's logprobs (strict / native), run one GRPO
     step on `train_job` and return everything the tests compare."""
-    from rlkit.types import SamplingParams
     from rlkit.train.megatron import MegatronTrainConfig, MegatronTrainer, TrainBatch
 
     out = {"logprobs": {}, "shards": {}}
