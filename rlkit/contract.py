@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -405,8 +406,6 @@ class NumericsContract:
     def from_fingerprint(cls, fingerprint: str) -> "NumericsContract | None":
         """The released contract (any version, any per-op paths) with this fingerprint, or None (a
         contract with other parameters: only its JSON says what it was)."""
-        import itertools
-
         for base in (cls.default(), cls.v1()):
             for paths in itertools.product(PATHS, repeat=len(OPS)):
                 c = base.with_ops(**dict(zip(OPS, paths)))
