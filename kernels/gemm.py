@@ -79,7 +79,9 @@ def _weight_chunks(w: torch.Tensor, bounds: list[tuple[int, int]]) -> list[torch
             return hit[1]
     wf = w.float()
     chunks = [wf[:, lo:hi].contiguous() for lo, hi in bounds]
-    if cacheable:
+    # a chunk that is w itself (fp32, one chunk spanning K) saves nothing and, as a view, would keep its
+    # key alive: only copies are cached
+    if cacheable and all(c.untyped_storage().data_ptr() != w.untyped_storage().data_ptr() for c in chunks):
         _WEIGHT_CHUNKS[w] = (key, chunks)
     return chunks
 

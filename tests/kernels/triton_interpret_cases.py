@@ -174,3 +174,22 @@ def test_attention_modes_agree_and_match_reference():
     lay = AttentionLayout.paged(torch.tensor([70]), torch.tensor([130]), table)
     assert_bitwise_equal(attention.triton_attention(a[0][60:130], kc, vc, lay, SMALL_ATT), alone[60:130],
                          "chunked prefill of [60, 130)")
+
+
+def test_launches_return_their_plan_and_leave_no_module_state():
+    """A launcher hands what it launched (kernel, plan, compiled kernel) back to the caller; the kernel
+    modules keep no per-launch record."""
+    warnings.filterwarnings("ignore")
+    from rlkit.kernels import attention, gemm
+    from rlkit.types import AttentionLayout
+    x, w = torch.randn(5, 128, generator=g(40)), torch.randn(96, 128, generator=g(41))
+    y, launches = gemm.triton_launch(x, w, C, 1, torch.float32)
+    assert [ln.kernel for ln in launches] == ["swapped"] and launches[0].plan["C"] == C.gemm.k_chunks
+    assert_bitwise_equal(gemm.triton_partial(x, w, C, 1, torch.float32), y, "triton_partial = triton_launch[0]")
+    q, k = torch.randn(20, H, D, generator=g(42)), torch.randn(20, KVH, D, generator=g(43))
+    lay = AttentionLayout.prefill(torch.tensor([0, 20]))
+    plan = attention.attention_plan(q.shape, k, lay, SMALL_ATT, "split")
+    out, launches = attention.launch(plan, q, k, k, SMALL_ATT)
+    assert [ln.kernel for ln in launches] == ["split", "merge"]
+    assert_bitwise_equal(attention.triton_attention(q, k, k, lay, SMALL_ATT, "split"), out, "launch vs triton_attention")
+    assert not hasattr(gemm, "LAST") and not hasattr(attention, "LAST") and not hasattr(gemm, "_RETIRED")
