@@ -47,7 +47,7 @@ def run_rank(rank: int, world: int, port: int, args) -> None:
     from rlkit.model.qwen3 import Qwen3ForCausalLM, build_model_on_device
     from rlkit.rollout.engine import EmbeddedEngine, EngineConfig
     from rlkit.rollout.types import GenerationRequest
-from rlkit.types import SamplingParams
+    from rlkit.types import SamplingParams
 
     if args.device == "cuda":
         torch.cuda.set_device(rank)

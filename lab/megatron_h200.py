@@ -43,8 +43,8 @@ from rlkit.bitwise import compare
 from rlkit.model import build_model, preset
 from rlkit.rollout.engine import EmbeddedEngine, EngineConfig
 from rlkit.rollout.types import GenerationRequest
-from rlkit.types import SamplingParams
 from rlkit.train.megatron import MegatronTrainConfig, MegatronTrainer, convert
+from rlkit.types import SamplingParams
 
 
 def requests(n: int, max_tokens: int, vocab: int) -> list[GenerationRequest]:

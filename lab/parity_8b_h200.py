@@ -34,9 +34,9 @@ from rlkit.model.config import preset  # noqa: E402
 from rlkit.model.qwen3 import build_model_on_device  # noqa: E402
 from rlkit.model.tokenizer import chat_prompt_ids, load_tokenizer  # noqa: E402
 from rlkit.rollout.engine import EmbeddedEngine, EngineConfig  # noqa: E402
-from rlkit.rollout.types import GenerationRequest
-from rlkit.types import SamplingParams  # noqa: E402
+from rlkit.rollout.types import GenerationRequest  # noqa: E402
 from rlkit.train.recompute import response_logprobs  # noqa: E402
+from rlkit.types import SamplingParams  # noqa: E402
 
 
 def sync() -> None:

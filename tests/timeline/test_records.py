@@ -10,10 +10,10 @@ import torch
 
 from rlkit.divergence import logprob_divergence
 from rlkit.rollout.types import GenerationResult
-from rlkit.types import SamplingParams
 from rlkit.timeline import (CheckpointRef, Recompute, RecordError, RolloutRecord, StepSummary, SyncEvent,
                             ToggleEvent, ToggleRequest, WeightVersion)
 from rlkit.timeline.records import bitwise_differences
+from rlkit.types import SamplingParams
 from tests.timeline.fakes import FP, SPECIAL, assert_record_bitwise, bits, make_step
 
 SAMPLING = {"temperature": 0.7, "top_k": 20, "top_p": 0.95, "max_tokens": 8, "seed": 3}
