@@ -31,7 +31,7 @@ when a request asks for `logprobs >= 1`, column 1 carries the *same* token's log
 semantics (not a top-1 alternative: the strict sampler records no alternatives). VllmEngine reads both
 columns through `flat_logprobs=True`, which keeps the duplicate token id.
 
-`compute_logprobs` (used by vLLM for prompt logprobs) is rlkit's strict raw log-softmax too:
+`compute_logprobs` (used by vLLM for prompt logprobs) is `rlkit.ops.log_softmax`: on the strict path
 z - lse(z) elementwise, the same expression `logprob_from_logits` evaluates for one token.
 """
 
@@ -102,8 +102,8 @@ class RlkitSampler(Sampler):
 
     # -- vLLM's sampler interface -----------------------------------------------------------------
     def compute_logprobs(self, logits: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if self.contract.path("logprob") != "strict":
-            return super().compute_logprobs(logits)
+        """Prompt logprobs: `ops.log_softmax` under the engine's contract (native: torch.log_softmax in
+        fp32, what vLLM's own sampler computes)."""
         with ops.use_contract(self.contract):
             return ops.log_softmax(logits.to(torch.float32))
 
