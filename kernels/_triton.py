@@ -10,14 +10,16 @@ When Triton kernels run:
 - `interpreting()`: `TRITON_INTERPRET=1` was set before this module was imported; the launchers then
   accept CPU tensors (tests/kernels/test_triton_interpret.py runs the kernels' logic that way).
 
-Launch options that decide bits are fixed here, once: `FP_FUSION=False` turns off the compiler's
-fusing of a*b + c into one FMA, so every kernel rounds exactly where its source says. Two kernels that
-share a @jit helper (attention's split state and its merge) then give the same bits wherever they run.
+Launch options that decide bits come from the contract, here, once: `gpu.fp_fusion=False` turns off the
+compiler's fusing of a*b + c into one FMA, so every kernel rounds exactly where its source says. Two
+kernels that share a @jit helper (attention's split state and its merge) then give the same bits
+wherever they run.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -42,8 +44,27 @@ except ImportError:  # pragma: no cover - the references still work without Trit
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-# Every launch passes these; see the module docstring for why fusion is off.
-LAUNCH = {"enable_fp_fusion": False}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch as its launcher decided it, returned to the caller that asks (the benchmarks):
+    which kernel, its plan (tiles, warps, stages, grid) and the compiled kernel Triton gave back."""
+
+    kernel: str
+    """The kernel's role, e.g. "swapped", "tiles", "fused", "split"."""
+    plan: dict
+    """The launch configuration the launcher chose (none of it changes a bit)."""
+    compiled: object
+    """What `kernel[grid](...)` returned: Triton's compiled kernel (None under the interpreter)."""
+
+    @property
+    def registers(self) -> int:
+        return getattr(self.compiled, "n_regs", -1)
+
+    @property
+    def spills(self) -> int:
+        return getattr(self.compiled, "n_spills", -1)
 
 
 def interpreting() -> bool:
@@ -55,9 +76,10 @@ def on_gpu(*tensors: torch.Tensor) -> bool:
     return HAVE_TRITON and not INTERPRET and all(t.is_cuda for t in tensors)
 
 
-def launch_options() -> dict:
-    """Options for `kernel[grid](..., **launch_options(), num_warps=..., num_stages=...)`."""
-    return {} if INTERPRET else dict(LAUNCH)
+def launch_options(contract) -> dict:
+    """Options for `kernel[grid](..., **launch_options(contract), num_warps=..., num_stages=...)`: what
+    the contract lets the compiler do (`gpu.fp_fusion`). The interpreter runs the source as written."""
+    return {} if INTERPRET else {"enable_fp_fusion": contract.gpu.fp_fusion}
 
 
 _SM_COUNT: dict[int, int] = {}

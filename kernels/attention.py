@@ -17,78 +17,25 @@ so every block tree has exactly `block_size` leaves in every mode.
 The reference vectorizes over all sequences of a call by padding them to a common length; the guards
 make the padding invisible, which is itself the batch-invariance claim under test.
 
-GPU: the Triton kernel at the end of this file runs this schedule for CUDA tensors (`strict(...)`).
+GPU: the Triton kernel at the end of this file runs this schedule for CUDA tensors (`strict(...)`). It
+reads `attention.split_size`, `attention.block_size` and `gpu.fp_fusion`, and covers a power-of-two
+block_size in [16, 128] and up to 2^MAX_SLOTS - 1 splits a sequence; other cases run the reference.
+`launch` returns what it launched (plan and compiled kernel) to the caller that asks, the benchmarks.
+The layout type lives in rlkit/types.py (`AttentionLayout`), shared with the model and the engines.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from rlkit.contract import NumericsContract
 from rlkit.kernels.errors import OpInputError, check_float, check_same
 from rlkit.kernels.tree import pairwise_reduce, pairwise_sum_dim
+from rlkit.types import AttentionLayout
 
 OP = "attention"
-
-
-@dataclass(frozen=True)
-class AttentionLayout:
-    """Where each sequence's queries sit and where its keys live.
-
-    Sequence i owns queries q[cu_seqlens_q[i]:cu_seqlens_q[i+1]] at absolute positions
-    query_start[i], query_start[i]+1, ...; it sees keys at positions 0..context_lens[i]-1, where
-    context_lens[i] = query_start[i] + (its number of queries). Keys are either packed
-    (k[cu_seqlens_k[i]:cu_seqlens_k[i+1]], position 0 first) or paged (block_table[i] lists the cache
-    pages holding positions 0.., page_size positions each).
-    """
-
-    cu_seqlens_q: torch.Tensor
-    query_start: torch.Tensor
-    context_lens: torch.Tensor
-    cu_seqlens_k: torch.Tensor | None = None
-    block_table: torch.Tensor | None = None
-    one_query_per_seq: bool = False
-    """Set by `paged_decode`: every sequence has exactly one query, known without reading a tensor, so
-    no call on this layout reads device values on the host (CUDA-graph capture needs that)."""
-
-    @classmethod
-    def prefill(cls, cu_seqlens: torch.Tensor) -> "AttentionLayout":
-        """Packed causal prefill: every sequence's queries are its keys, starting at position 0."""
-        cu = cu_seqlens.to(torch.int64)
-        lens = cu[1:] - cu[:-1]
-        return cls(cu_seqlens_q=cu, query_start=torch.zeros_like(lens), context_lens=lens, cu_seqlens_k=cu)
-
-    @classmethod
-    def paged(cls, query_lens: torch.Tensor, context_lens: torch.Tensor,
-              block_table: torch.Tensor) -> "AttentionLayout":
-        """Chunked prefill (query_lens > 1) or decode (query_lens == 1) against a paged KV cache that
-        already holds these queries' own keys."""
-        q_lens = query_lens.to(torch.int64)
-        ctx = context_lens.to(torch.int64)
-        cu = torch.zeros(q_lens.numel() + 1, dtype=torch.int64, device=q_lens.device)
-        cu[1:] = torch.cumsum(q_lens, 0)
-        return cls(cu_seqlens_q=cu, query_start=ctx - q_lens, context_lens=ctx, block_table=block_table)
-
-    @classmethod
-    def paged_decode(cls, context_lens: torch.Tensor, block_table: torch.Tensor) -> "AttentionLayout":
-        """Decode: one query per sequence (its newest token, already in the cache) against a paged KV
-        cache. Equal to `paged(ones, context_lens, block_table)`, but built and consumed without a host
-        sync: the launch is sized by the block table's width, not by the context lengths' values."""
-        ctx = context_lens.to(torch.int64)
-        cu = torch.arange(ctx.numel() + 1, dtype=torch.int64, device=ctx.device)
-        return cls(cu_seqlens_q=cu, query_start=ctx - 1, context_lens=ctx, block_table=block_table,
-                   one_query_per_seq=True)
-
-    @property
-    def num_seqs(self) -> int:
-        return int(self.query_start.numel())
-
-    @property
-    def paged_keys(self) -> bool:
-        return self.block_table is not None
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout) -> None:
@@ -311,8 +258,6 @@ BLOCK_M = 64
 NUM_WARPS = 8
 """Two warpgroups share the 64 x head_dim accumulator (32 fp32 registers a thread per split state), so
 the split-tree stack of a 16k-token prefill (7 states) stays mostly in registers."""
-LAST: dict = {}
-"""The last compiled kernel of each mode (benchmarks read its registers and spills)."""
 MAX_SLOTS = 8
 """Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
 
@@ -508,16 +453,18 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, wsm_ptr, wsa_ptr, tile_seq_ptr, til
                  mask=row_ok[:, None])
 
 
-_PLAN_CACHE: list = [None, None]
-"""(key, plan) of the last call: every layer of one forward shares its layout, so the host-side tile
-map is built once per forward, not once per layer."""
+_PLAN_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
+"""layout (weakly, by identity) -> (the rest of the key, plan): every layer of one forward shares its
+layout, so the host-side tile map is built once per forward, not once per layer; an entry dies with
+its layout (the plan holds no reference back to it)."""
 
 
 def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContract, mode: str | None = None):
     """Host-side preparation of a launch (tile map, split count, strides): reusable while the layout is."""
-    key = (id(layout), tuple(q_shape), tuple(k.shape), tuple(k.stride()), contract.attention, mode, str(k.device))
-    if _PLAN_CACHE[0] == key and _PLAN_CACHE[1]["layout"] is layout:
-        return _PLAN_CACHE[1]
+    key = (tuple(q_shape), tuple(k.shape), tuple(k.stride()), contract.attention, mode, str(k.device))
+    hit = _PLAN_CACHE.get(layout)
+    if hit is not None and hit[0] == key:
+        return hit[1]
     spec = contract.attention
     t, heads, d = q_shape
     kv_heads = k.shape[-2]
@@ -545,7 +492,7 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
         decode = max(q_lens) == 1 if q_lens else True
         tile_seq = torch.tensor(seqs, dtype=torch.int32, device=dev) if seqs else None
         tile_q0 = torch.tensor(q0s, dtype=torch.int32, device=dev) if seqs else None
-    plan = dict(layout=layout, tiles=tiles, max_splits=max_splits, nslots=max_splits.bit_length(),
+    plan = dict(paged=layout.paged_keys, tiles=tiles, max_splits=max_splits, nslots=max_splits.bit_length(),
                 kv_heads=kv_heads, group=group, d=d, heads=heads, t=t)
     if tiles:
         plan["tile_seq"], plan["tile_q0"] = tile_seq, tile_q0
@@ -564,34 +511,39 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
         mode = ("split" if decode and tiles * kv_heads < 2 * _tr.sm_count(dev) and max_splits > 1
                 else "fused")
     plan["mode"] = mode
-    _PLAN_CACHE[0], _PLAN_CACHE[1] = key, plan
+    _PLAN_CACHE[layout] = (key, plan)
     return plan
 
 
-def launch(plan: dict, q, k, v, contract: NumericsContract) -> torch.Tensor:
-    """Run a prepared launch (the benchmarks time this alone)."""
+def launch(plan: dict, q, k, v, contract: NumericsContract) -> tuple[torch.Tensor, list[_tr.Launch]]:
+    """Run a prepared launch (the benchmarks time this alone): the output and what was launched."""
     spec = contract.attention
     t, heads, d = q.shape
     out = torch.empty(t, heads, d, dtype=q.dtype, device=q.device)
+    launches: list[_tr.Launch] = []
     if not plan["tiles"]:
-        return out
+        return out, launches
     page, stride_kt, stride_ks, stride_kh, stride_bt = plan["k_strides"]
     common = dict(GROUP=plan["group"], BM=BLOCK_M, BN=spec.block_size, SPLIT=spec.split_size, D=d,
-                  PAGED=plan["layout"].paged_keys, NSLOTS=plan["nslots"], IEEE=q.dtype == torch.float32,
-                  num_warps=NUM_WARPS, **_tr.launch_options())
+                  PAGED=plan["paged"], NSLOTS=plan["nslots"], IEEE=q.dtype == torch.float32,
+                  num_warps=NUM_WARPS, **_tr.launch_options(contract))
     args = (plan["tile_seq"], plan["tile_q0"], plan["cu_q"], plan["qstart"], plan["ctx"], plan["cu_k"], plan["bt"],
             q.stride(0), q.stride(1), stride_kt, stride_ks, stride_kh, stride_bt, page, heads,
             plan["max_splits"], float(d ** -0.5))
     grid = (plan["tiles"], plan["kv_heads"])
     if plan["mode"] == "fused":
         dummy = out.new_empty(1, dtype=torch.float32)
-        LAST["fused"] = _attn_kernel[grid](q, k, v, out, dummy, dummy, *args, MODE=0, **common)
+        compiled = _attn_kernel[grid](q, k, v, out, dummy, dummy, *args, MODE=0, **common)
+        launches.append(_tr.Launch("fused", dict(grid=grid, BM=BLOCK_M, num_warps=NUM_WARPS), compiled))
     else:
         wsm = torch.empty(t * heads * plan["max_splits"] * 2, dtype=torch.float32, device=q.device)
         wsa = torch.empty(t * heads * plan["max_splits"] * d, dtype=torch.float32, device=q.device)
-        LAST["split"] = _attn_kernel[grid + (plan["max_splits"],)](q, k, v, out, wsm, wsa, *args, MODE=1, **common)
-        _attn_kernel[grid](q, k, v, out, wsm, wsa, *args, MODE=2, **common)
-    return out
+        compiled = _attn_kernel[grid + (plan["max_splits"],)](q, k, v, out, wsm, wsa, *args, MODE=1, **common)
+        launches.append(_tr.Launch("split", dict(grid=grid + (plan["max_splits"],), BM=BLOCK_M,
+                                                 num_warps=NUM_WARPS), compiled))
+        compiled = _attn_kernel[grid](q, k, v, out, wsm, wsa, *args, MODE=2, **common)
+        launches.append(_tr.Launch("merge", dict(grid=grid, BM=BLOCK_M, num_warps=NUM_WARPS), compiled))
+    return out, launches
 
 
 def triton_attention(q, k, v, layout: AttentionLayout, contract: NumericsContract, mode: str | None = None):
@@ -604,7 +556,7 @@ def triton_attention(q, k, v, layout: AttentionLayout, contract: NumericsContrac
     plan = attention_plan(q.shape, k, layout, contract, mode)
     if plan["nslots"] > MAX_SLOTS:  # longer than the unrolled stack: the reference keeps the contract
         return reference(q, k, v, layout, contract)
-    return launch(plan, q, k, v, contract)
+    return launch(plan, q, k, v, contract)[0]
 
 
 def gpu_supported(q, k, contract: NumericsContract) -> bool:

@@ -10,19 +10,21 @@ machine's MKL: a plain `x @ w.T` gives different bits for a row alone and the sa
 or more; the fixed-tile calls give identical bits (tests/kernels/test_gemm.py).
 
 Row-parallel tensor parallelism: a rank holding K/tp of the columns computes the subtree of its
-k_chunks/tp chunks with `partial(...)`; `rlkit.kernels.collectives.all_reduce` gathers the per-rank fp32
+k_chunks/tp chunks with `partial(...)`; `rlkit.kernels.collectives.reference` gathers the per-rank fp32
 partials and combines the top levels of the same tree, so TP 1, 2 and 4 give the same bits.
 
 GPU: the Triton kernels at the end of this file run the same contract on tensor cores for CUDA tensors
-(`strict(...)` picks them; `rlkit.ops.linear` calls `strict`).
+(`strict(...)` picks them; `rlkit.ops.linear` calls `strict`). They read `gemm.k_chunks`, `gemm.k_tile` and
+`gpu.fp_fusion`, and cover k_chunks / shards in TREE_CHUNKS (1, 2, 4, 8; the tree is unrolled); other
+chunk counts run the reference, which defines the contract. `triton_launch` returns what it launched
+(plan and compiled kernel) to the caller that asks, the benchmarks.
 """
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from rlkit.contract import NumericsContract
 from rlkit.kernels.errors import OpInputError, check_dims, check_float, check_same
@@ -60,25 +62,27 @@ def _tile_rows(x2d: torch.Tensor, row_tile: int) -> tuple[torch.Tensor, int]:
     return x2d, m
 
 
-# Inference reuses the same weights every step: their fp32 chunk copies are kept per weight tensor and
-# dropped when the tensor changes (its in-place version counter moves) or dies. Never used when autograd
-# needs the graph back to the weight.
-# (Keyed by id with a weak reference: tensors cannot be dictionary keys by value.)
-_WEIGHT_CHUNKS: dict[int, tuple] = {}
+# Inference reuses the same weights every step: their fp32 chunk copies are kept per weight tensor, held
+# weakly (an entry dies with its tensor), and rebuilt when the tensor changes in place (its version
+# counter or storage moves) or the chunk bounds differ: the entry records all three. Never used when
+# autograd needs the graph back to the weight. A cache hit and a miss give the same bits (a copy).
+_WEIGHT_CHUNKS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+"""weight tensor (weakly, by identity) -> ((version, data_ptr, bounds), fp32 chunk copies)."""
 
 
 def _weight_chunks(w: torch.Tensor, bounds: list[tuple[int, int]]) -> list[torch.Tensor]:
     cacheable = not (torch.is_grad_enabled() and w.requires_grad)
     key = (w._version, w.data_ptr(), tuple(bounds))
     if cacheable:
-        hit = _WEIGHT_CHUNKS.get(id(w))
-        if hit is not None and hit[0]() is w and hit[1] == key:
-            return hit[2]
+        hit = _WEIGHT_CHUNKS.get(w)
+        if hit is not None and hit[0] == key:
+            return hit[1]
     wf = w.float()
     chunks = [wf[:, lo:hi].contiguous() for lo, hi in bounds]
-    if cacheable:
-        ident = id(w)
-        _WEIGHT_CHUNKS[ident] = (weakref.ref(w, lambda _r: _WEIGHT_CHUNKS.pop(ident, None)), key, chunks)
+    # a chunk that is w itself (fp32, one chunk spanning K) saves nothing and, as a view, would keep its
+    # key alive: only copies are cached
+    if cacheable and all(c.untyped_storage().data_ptr() != w.untyped_storage().data_ptr() for c in chunks):
+        _WEIGHT_CHUNKS[w] = (key, chunks)
     return chunks
 
 
@@ -412,25 +416,19 @@ WORKSPACE_BYTES = 1 << 30
 are independent, so slabs never change a bit)."""
 
 
-_COUNTERS: dict[str, torch.Tensor] = {}
-_RETIRED: list[torch.Tensor] = []
-"""Counter buffers outgrown by a larger launch: kept, never freed, because a captured CUDA graph may
-still point at one."""
-LAST: dict = {}
-"""The last compiled kernel of each kind (benchmarks read its registers and spills)."""
+_COUNTERS: dict[str, list[torch.Tensor]] = {}
+"""str(device) -> every arrival-counter buffer handed out on it, the newest (largest) last. A buffer
+outgrown by a larger launch stays in the list, never freed, because a captured CUDA graph may still
+point at it. Written only when a launch needs more counters than any before it."""
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
     """Zeroed int32 arrival counters, one per output tile; every launch leaves them zero again.
     (One buffer per device: two strict GEMMs must not run at once on different streams.)"""
-    key = str(device)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _RETIRED.append(buf)
-        buf = torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
+    bufs = _COUNTERS.setdefault(str(device), [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))
+    return bufs[-1]
 
 
 def supported(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1) -> bool:
@@ -444,7 +442,15 @@ def triton_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
                    out_dtype: torch.dtype = torch.float32, config: dict | None = None) -> torch.Tensor:
     """The Triton strict GEMM: tree over this shard's k_chunks/shards chunks, rounded once to out_dtype
     (fp32: no rounding, the `partial` semantics). x [..., K], w [N, K] (K contiguous)."""
+    return triton_launch(x, w, contract, shards, out_dtype, config)[0]
+
+
+def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1,
+                  out_dtype: torch.dtype = torch.float32, config: dict | None = None
+                  ) -> tuple[torch.Tensor, list[_tr.Launch]]:
+    """`triton_partial` and what it launched: one `Launch` (kernel, plan, compiled stats) a kernel call."""
     check_inputs(x, w)
+    launches: list[_tr.Launch] = []
     c = contract.gemm.k_chunks // shards
     k = w.shape[1]
     if k % c:
@@ -457,29 +463,31 @@ def triton_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
     m, n = x2.shape[0], w.shape[0]
     y = torch.empty(m, n, dtype=out_dtype, device=x.device)
     if m == 0:
-        return y.reshape(*lead, n)
+        return y.reshape(*lead, n), launches
     kc = k // c
     bk = contract.gemm.k_tile
     cfg = plan(m, n, x.device, config)
     ieee = x.dtype == torch.float32
     even_k = kc % bk == 0
-    opts = _tr.launch_options()
+    opts = _tr.launch_options(contract)
     if cfg["kind"] == "swapped":
         grid = (_tr.cdiv(n, cfg["BN"]), c, _tr.cdiv(m, cfg["BT"]))
         ws = torch.empty(c * m * n if c > 1 else 1, dtype=torch.float32, device=x.device)
         cnt = _counters(x.device, grid[0] * grid[2])
-        LAST["swapped"] = _gemm_swapped_kernel[grid](x2, w, y, ws, cnt, m, n, kc, x2.stride(0), w.stride(0), y.stride(0),
-                                   C=c, BN=cfg["BN"], BT=cfg["BT"], BK=bk, EVEN_K=even_k, IEEE=ieee,
-                                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
+        compiled = _gemm_swapped_kernel[grid](x2, w, y, ws, cnt, m, n, kc, x2.stride(0), w.stride(0), y.stride(0),
+                                              C=c, BN=cfg["BN"], BT=cfg["BT"], BK=bk, EVEN_K=even_k, IEEE=ieee,
+                                              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
+        launches.append(_tr.Launch("swapped", dict(cfg, grid=grid, C=c, BK=bk), compiled))
     elif cfg["kind"] == "stash":
         tiles = _tr.cdiv(m, cfg["BM"]) * _tr.cdiv(n, cfg["BN"])
         programs = min(tiles, cfg.get("programs_per_sm", 1) * _tr.sm_count(x.device))
         ws = torch.empty(programs * 3 * cfg["BM"] * cfg["BN"] if c > 1 else 1, dtype=torch.float32,
                          device=x.device)
-        LAST["stash"] = _gemm_stash_kernel[(programs,)](
+        compiled = _gemm_stash_kernel[(programs,)](
             x2, w, y, ws, m, n, kc, x2.stride(0), w.stride(0), y.stride(0), C=c, BM=cfg["BM"], BN=cfg["BN"],
             BK=bk, GROUP_M=cfg["GROUP_M"], EVEN_K=even_k, IEEE=ieee, num_warps=cfg["num_warps"],
             num_stages=cfg["num_stages"], **opts)
+        launches.append(_tr.Launch("stash", dict(cfg, grid=(programs,), C=c, BK=bk), compiled))
     else:
         split = bool(cfg["split"]) and c > 1
         slab = m
@@ -492,11 +500,12 @@ def triton_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
             grid = (tiles, c if split else 1)
             ws = torch.empty(c * ms * n if split else 1, dtype=torch.float32, device=x.device)
             cnt = _counters(x.device, tiles)
-            LAST["tiles"] = _gemm_tiles_kernel[grid](
+            compiled = _gemm_tiles_kernel[grid](
                 xs, w, ys, ws, cnt, ms, n, kc, xs.stride(0), w.stride(0), ys.stride(0), C=c, SPLIT=split,
                 BM=cfg["BM"], BN=cfg["BN"], BK=bk, GROUP_M=cfg["GROUP_M"], EVEN_K=even_k, IEEE=ieee,
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
-    return y.reshape(*lead, n)
+            launches.append(_tr.Launch("tiles", dict(cfg, grid=grid, C=c, BK=bk, split=split), compiled))
+    return y.reshape(*lead, n), launches
 
 
 # -- the strict entry points rlkit.ops calls ------------------------------------------------------------

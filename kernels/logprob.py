@@ -1,6 +1,6 @@
 """Strict token logprobs: lm_head GEMM + vocab-chunked log-sum-exp, raw and processed.
 
-Contract (LogprobSpec + GemmSpec): logits = hidden @ lm_head.T by the strict GEMM, rounded once to fp32
+Contract (LogprobSpec: vocab_chunk, row_block, top_p_scan_block; GemmSpec): logits = hidden @ lm_head.T by the strict GEMM, rounded once to fp32
 (never to the model dtype). The vocabulary is cut into chunks of `vocab_chunk` entries; each chunk gives
 (max, sum of exp(x - max)) with the canonical pairwise tree; chunks merge by the pairwise LSE tree.
 logprob(t) = logit[t] - lse.
@@ -14,12 +14,12 @@ Two semantics, both defined here and used by the rollout engine and the trainer 
 
 Rows are processed `row_block` at a time, so raw logprobs never hold a [tokens x vocab] fp32 tensor.
 
-GPU: the Triton path at the end of this file (strict GEMM to fp32 logits + a vocab-chunk LSE kernel).
+GPU: the Triton path at the end of this file (strict GEMM to fp32 logits + a vocab-chunk LSE kernel, and
+the top-p scan in blocks of `top_p_scan_block`); it covers a power-of-two vocab_chunk up to 65536, other
+chunk sizes run the reference.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -28,31 +28,9 @@ from rlkit.contract import NumericsContract
 from rlkit.kernels import gemm
 from rlkit.kernels.errors import OpInputError, check_float, check_same
 from rlkit.kernels.tree import pairwise_reduce, pairwise_sum_dim
+from rlkit.types import SamplingParams
 
 OP = "logprob"
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """What turns logits into the sampling distribution ("processed" semantics)."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    """0 disables top-k."""
-    top_p: float = 1.0
-    """1.0 disables top-p."""
-
-    def __post_init__(self) -> None:
-        if not (self.temperature > 0):
-            raise ValueError(f"temperature={self.temperature!r}; expected > 0 (use top_k=1 for greedy)")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k!r}; expected an integer >= 0 (0 disables it)")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p={self.top_p!r}; expected 0 < top_p <= 1")
-
-    @property
-    def is_identity(self) -> bool:
-        return self.temperature == 1.0 and self.top_k == 0 and self.top_p == 1.0
 
 
 def check_ids(token_ids: torch.Tensor, rows: int, vocab: int, device) -> None:
@@ -90,8 +68,9 @@ def lse(logits: torch.Tensor, contract: NumericsContract) -> torch.Tensor:
     return torch.where(torch.isinf(m), m, m + torch.log(s))
 
 
-def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Apply temperature, top-k and top-p to fp32 logits; removed entries become -inf."""
+def process_logits(logits: torch.Tensor, params: SamplingParams, contract: NumericsContract) -> torch.Tensor:
+    """Apply temperature, top-k and top-p to fp32 logits; removed entries become -inf. Only the
+    distribution fields of `params` are read; the top-p scan follows `logprob.top_p_scan_block`."""
     z = logits if params.temperature == 1.0 else logits / params.temperature
     neg_inf = torch.tensor(float("-inf"), device=z.device)
     if params.top_k and params.top_k < z.shape[-1]:
@@ -103,7 +82,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         probs = torch.exp(sorted_z - sorted_z[:, :1])  # unnormalized, max entry = 1
         # exclusive cumulative mass, compared against top_p * total mass: an fp32 scan of each row on its
         # own (`row_cumsum`: sequential on the CPU, a fixed blocked scan on the GPU)
-        cum = row_cumsum(probs)
+        cum = row_cumsum(probs, contract)
         total = cum[:, -1:]
         exclusive = cum - probs
         keep_sorted = exclusive < params.top_p * total
@@ -131,7 +110,7 @@ def from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contract: Nu
                 params: SamplingParams | None = None) -> torch.Tensor:
     """Strict logprobs of token_ids under raw (params None) or processed semantics."""
     check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device)
-    z = logits_fp32 if params is None or params.is_identity else process_logits(logits_fp32, params)
+    z = logits_fp32 if params is None or params.is_identity else process_logits(logits_fp32, params, contract)
     picked = z.gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
     total = lse(z, contract)
     return torch.where(torch.isinf(picked), picked, picked - total)
@@ -156,16 +135,30 @@ def native_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(hidden, weight).float()
 
 
-def native_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor,
+def native_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contract: NumericsContract,
                        params: SamplingParams | None = None) -> torch.Tensor:
+    """torch.log_softmax of the (processed) logits; the sampling transform is the one definition
+    (`process_logits`, so the native path samples and scores the same distribution)."""
     check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device)
-    z = logits_fp32 if params is None or params.is_identity else process_logits(logits_fp32, params)
+    z = logits_fp32 if params is None or params.is_identity else process_logits(logits_fp32, params, contract)
     return torch.log_softmax(z, dim=-1).gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
 
 
-def native(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor,
+def native(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, contract: NumericsContract,
            params: SamplingParams | None = None) -> torch.Tensor:
-    return native_from_logits(native_logits(hidden, weight), token_ids, params)
+    return native_from_logits(native_logits(hidden, weight), token_ids, contract, params)
+
+
+def log_softmax(logits_fp32: torch.Tensor, contract: NumericsContract) -> torch.Tensor:
+    """Strict log-probabilities of every entry, [rows, vocab]: logits - lse (the contract's tree)."""
+    if logits_fp32.dim() != 2 or logits_fp32.dtype != torch.float32:
+        raise OpInputError(OP, f"logits {tuple(logits_fp32.shape)} {logits_fp32.dtype}; expected fp32 [rows, vocab]")
+    total = lse(logits_fp32, contract).unsqueeze(-1)
+    return torch.where(torch.isinf(logits_fp32), logits_fp32, logits_fp32 - total)
+
+
+def native_log_softmax(logits_fp32: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits_fp32.float(), dim=-1)
 
 
 # =====================================================================================================
@@ -226,9 +219,6 @@ def _logprob_rows_kernel(z_ptr, ids_ptr, out_ptr, V, stride_z, VC: tl.constexpr,
     tl.store(out_ptr + row, out)
 
 
-SCAN_BLOCK = 1024
-
-
 @jit
 def _row_cumsum_kernel(x_ptr, y_ptr, V, stride, BLOCK: tl.constexpr):
     """Inclusive fp32 prefix sum of one row: blocks of BLOCK in order, Triton's in-register scan within
@@ -243,23 +233,24 @@ def _row_cumsum_kernel(x_ptr, y_ptr, V, stride, BLOCK: tl.constexpr):
         carry = carry + tl.sum(x, axis=0)
 
 
-def row_cumsum(x: torch.Tensor) -> torch.Tensor:
+def row_cumsum(x: torch.Tensor, contract: NumericsContract) -> torch.Tensor:
     """Inclusive prefix sums along the last dim of fp32 [rows, n], each row scanned on its own in a fixed
-    order, so a row's sums depend on nothing else: on the GPU the Triton scan above (torch's CUDA
+    order, so a row's sums depend on nothing else: on the GPU the Triton scan above in blocks of the
+    contract's `logprob.top_p_scan_block` (torch's CUDA
     cumsum reduces in an order that can change from run to run and with the number of rows, which once
     flipped a top-p boundary token between two identical decode runs); on the CPU torch's sequential
     scan. The two orders differ, so CPU and GPU may keep different tokens at an exact top-p tie."""
     if _tr.on_gpu(x) and x.dim() == 2:
-        return triton_row_cumsum(x)
+        return triton_row_cumsum(x, contract)
     return torch.cumsum(x, dim=-1, dtype=torch.float32)
 
 
-def triton_row_cumsum(x: torch.Tensor) -> torch.Tensor:
+def triton_row_cumsum(x: torch.Tensor, contract: NumericsContract) -> torch.Tensor:
     x = x.float().contiguous()
     y = torch.empty_like(x)
     if x.numel():
-        _row_cumsum_kernel[(x.shape[0],)](x, y, x.shape[1], x.stride(0), BLOCK=SCAN_BLOCK, num_warps=4,
-                                          **_tr.launch_options())
+        _row_cumsum_kernel[(x.shape[0],)](x, y, x.shape[1], x.stride(0), BLOCK=contract.logprob.top_p_scan_block,
+                                          num_warps=4, **_tr.launch_options(contract))
     return y
 
 
@@ -273,7 +264,7 @@ def triton_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contr
     check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device)
     z = logits_fp32
     if params is not None and not params.is_identity:
-        z = process_logits(z, params)
+        z = process_logits(z, params, contract)
     z = z if z.stride(-1) == 1 else z.contiguous()
     rows, vocab = z.shape
     out = torch.empty(rows, dtype=torch.float32, device=z.device)
@@ -281,7 +272,7 @@ def triton_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contr
         vc = contract.logprob.vocab_chunk
         nc = _tr.next_pow2(_tr.cdiv(vocab, vc))
         _logprob_rows_kernel[(rows,)](z, token_ids, out, vocab, z.stride(0), VC=vc, NC=nc,
-                                      LOG_NC=nc.bit_length() - 1, num_warps=8, **_tr.launch_options())
+                                      LOG_NC=nc.bit_length() - 1, num_warps=8, **_tr.launch_options(contract))
     return out
 
 
@@ -321,7 +312,7 @@ class _StrictLogprob(torch.autograd.Function):
             h = hidden[lo : lo + step]
             z = F.linear(h, weight).float()
             if params is not None and not params.is_identity:
-                z = process_logits(z, params)
+                z = process_logits(z, params, ctx.contract)
             p = torch.softmax(z, -1)
             gz = -p * g[lo : lo + step, None]
             gz.scatter_add_(-1, ids[lo : lo + step, None].long(), g[lo : lo + step, None].float())
@@ -347,6 +338,11 @@ def strict_from_logits(logits_fp32, token_ids, contract, params=None):
             torch.is_grad_enabled() and logits_fp32.requires_grad):
         return triton_from_logits(logits_fp32, token_ids, contract, params)
     return from_logits(logits_fp32, token_ids, contract, params)
+
+
+def strict_log_softmax(logits_fp32, contract):
+    """Strict log-probabilities of every entry (the reference's tree on every device)."""
+    return log_softmax(logits_fp32, contract)
 
 
 def strict(hidden, weight, token_ids, contract, params=None):

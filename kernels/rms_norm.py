@@ -1,12 +1,13 @@
 """Strict RMSNorm (with the optional residual add): y = weight * x / sqrt(mean(x^2) + eps).
 
-Contract (RmsNormSpec): the residual add rounds to the model dtype; squares are fp32 and summed over the
+Contract (RmsNormSpec, field `weight_multiply`; the rest is structure): the residual add rounds to the model dtype; squares are fp32 and summed over the
 hidden dim by the canonical pairwise tree (no torch reduction, whose order follows shapes and threads);
 mean = sum / hidden; rstd = rsqrt(mean + eps) (the rsqrt primitive); x * rstd in fp32, then either rounded
 to the model dtype and multiplied by the weight there (`model_dtype`, the HF Qwen3 order) or multiplied
 in fp32 and rounded once (`float32`). Each row is computed from its own values only: batch-invariant.
 
-GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors).
+GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors); it reads
+`rms_norm.weight_multiply` (both values) and `gpu.fp_fusion`, and covers every contract.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def triton_rms_norm(x, weight, eps, contract, residual=None):
         _rms_norm_kernel[(_tr.cdiv(n, rows),)](
             x2, r2, weight, y, s, n, h, float(eps), HAS_RES=residual is not None,
             W_FP32=contract.rms_norm.weight_multiply == "float32", ROWS=rows, BLOCK_H=block_h,
-            num_warps=warps, **_tr.launch_options())
+            num_warps=warps, **_tr.launch_options(contract))
     y = y.view(x.shape)
     return y if residual is None else (y, s.view(x.shape))
 

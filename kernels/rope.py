@@ -1,12 +1,13 @@
 """Strict rotary position embedding (RoPE), rotate-half convention of Qwen3.
 
-Contract (ElementwiseSpec): the cos/sin tables are computed in float64 on the CPU, from
+Contract (structure; RoPE has no field): the cos/sin tables are computed in float64 on the CPU, from
 inv_freq[i] = theta ** (-2i / head_dim) and the integer position, and rounded to fp32 once; tables are
 always built for a whole number of 1024-position blocks so a position's entry never depends on how long
 the table is. Applying: x * cos + rotate_half(x) * sin in fp32, rounded once. A row's result depends on
 its values and its position only.
 
-GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors).
+GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors); it reads
+`gpu.fp_fusion` (launch options) and covers every contract.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def triton_rope(x, positions, theta, contract, max_position: int | None = None):
         if x.stride(-1) != 1:
             x = x.contiguous()
         _rope_kernel[(t,)](x, positions, cos, sin, y, heads, x.stride(0), x.stride(1), D=d,
-                           BH=_tr.next_pow2(heads), num_warps=4, **_tr.launch_options())
+                           BH=_tr.next_pow2(heads), num_warps=4, **_tr.launch_options(contract))
     return y
 
 

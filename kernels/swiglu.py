@@ -1,11 +1,12 @@
 """Strict SwiGLU: silu(gate) * up.
 
-Contract (ElementwiseSpec.swiglu = float32_once): gate and up widened to fp32; sigmoid as 1/(1+exp(-g))
+Contract (structure; SwiGLU has no field): gate and up widened to fp32; sigmoid as 1/(1+exp(-g))
 from the exp primitive (torch's own sigmoid/silu take a different code path for the tail of a vector
 and change bits with the element's position, see tests/kernels/test_primitives.py); g * sigmoid(g) * up
 in fp32; one rounding to the model dtype. Purely elementwise: batch-invariant.
 
-GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors).
+GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors); it reads
+`gpu.fp_fusion` (launch options) and covers every contract.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def triton_swiglu(gate, up, contract):
     y = torch.empty_like(g)
     n = g.numel()
     if n:
-        _swiglu_kernel[(_tr.cdiv(n, BLOCK),)](g, u, y, n, BLOCK=BLOCK, num_warps=4, **_tr.launch_options())
+        _swiglu_kernel[(_tr.cdiv(n, BLOCK),)](g, u, y, n, BLOCK=BLOCK, num_warps=4, **_tr.launch_options(contract))
     return y
 
 

@@ -42,7 +42,8 @@ def run_rank(rank: int, world: int, port: int, args) -> None:
     from rlkit.model.config import preset
     from rlkit.model.qwen3 import Qwen3ForCausalLM, build_model_on_device
     from rlkit.rollout.engine import EmbeddedEngine, EngineConfig
-    from rlkit.rollout.types import GenerationRequest, SamplingConfig
+    from rlkit.rollout.types import GenerationRequest
+    from rlkit.types import SamplingParams
 
     if args.device == "cuda":
         torch.cuda.set_device(rank)
@@ -58,7 +59,7 @@ def run_rank(rank: int, world: int, port: int, args) -> None:
     g = torch.Generator().manual_seed(5)
     reqs = [GenerationRequest(f"r{i}", tuple(torch.randint(0, 151_000, (int(torch.randint(8, 200, (1,), generator=g)),),
                                                            generator=g).tolist()),
-                              SamplingConfig(max_tokens=args.max_tokens, seed=i, stop_token_ids=()))
+                              SamplingParams(max_tokens=args.max_tokens, seed=i, stop_token_ids=()))
             for i in range(args.requests)]
     engine_cfg = EngineConfig(num_pages=4096, max_num_seqs=args.requests, max_batch_tokens=4096, max_model_len=1024)
     rows, out = [], {}

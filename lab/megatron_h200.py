@@ -37,8 +37,9 @@ from rlkit import NumericsContract, ops
 from rlkit.bitwise import compare
 from rlkit.model import build_model, preset
 from rlkit.rollout.engine import EmbeddedEngine, EngineConfig
-from rlkit.rollout.types import GenerationRequest, SamplingConfig
+from rlkit.rollout.types import GenerationRequest
 from rlkit.train.megatron import MegatronTrainConfig, MegatronTrainer, convert
+from rlkit.types import SamplingParams
 
 
 def requests(n: int, max_tokens: int, vocab: int) -> list[GenerationRequest]:
@@ -47,7 +48,7 @@ def requests(n: int, max_tokens: int, vocab: int) -> list[GenerationRequest]:
     for i in range(n):
         plen = int(torch.randint(4, 48, (1,), generator=g))
         prompt = tuple(torch.randint(0, vocab, (plen,), generator=g).tolist())
-        sampling = SamplingConfig(temperature=1.0, max_tokens=max_tokens, seed=i, stop_token_ids=())
+        sampling = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=i, stop_token_ids=())
         out.append(GenerationRequest(f"h200-{i}", prompt, sampling, logprobs_mode="raw"))
     return out
 

@@ -30,8 +30,9 @@ from rlkit.model.config import preset
 from rlkit.model.qwen3 import build_model_on_device
 from rlkit.model.tokenizer import chat_prompt_ids, load_tokenizer
 from rlkit.rollout.engine import EmbeddedEngine, EngineConfig
-from rlkit.rollout.types import GenerationRequest, SamplingConfig
+from rlkit.rollout.types import GenerationRequest
 from rlkit.train.recompute import response_logprobs
+from rlkit.types import SamplingParams
 
 
 def sync() -> None:
@@ -46,7 +47,7 @@ def chain(model, contract, prompts, max_tokens: int, pack_tokens: int, label: st
     cfg = EngineConfig(page_size=page, num_pages=n * (-(-longest // page)), max_num_seqs=n,
                        max_batch_tokens=8192, max_model_len=longest)
     engine = EmbeddedEngine(model, contract, cfg)
-    sampling = SamplingConfig(max_tokens=max_tokens, seed=1234, stop_token_ids=())
+    sampling = SamplingParams(max_tokens=max_tokens, seed=1234, stop_token_ids=())
     reqs = [GenerationRequest(f"{label}-{i}", tuple(p), sampling) for i, p in enumerate(prompts)]
     sync()
     t0 = time.time()

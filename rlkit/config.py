@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from rlkit.contract import OPS, NumericsContract
-from rlkit.kernels.logprob import SamplingParams
 from rlkit.rollout.engine import EngineConfig
 from rlkit.train.trainer import OptimConfig
+from rlkit.types import DEFAULT_MAX_TOKENS, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class RunConfig:
     max_tokens: int = 0
     """0: the task's default."""
     temperature: float = 1.0
+    """Sampling (with top_k, top_p, max_tokens and seed): the CLI's flags; `sampling()` gives them as the
+    one sampling type, rlkit.types.SamplingParams."""
     top_k: int = 0
     top_p: float = 1.0
     staleness: int = 0
@@ -116,11 +118,17 @@ class RunConfig:
                 problems.append(f"{name} must be >= 0")
         if problems:
             raise ValueError("invalid run config: " + "; ".join(problems))
-        self.sampling_params  # validates temperature / top_k / top_p
+        self.sampling()  # validates temperature / top_k / top_p
+
+    def sampling(self, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> SamplingParams:
+        """Every rollout request's sampling; `max_tokens` 0 takes `default_max_tokens` (the task's)."""
+        return SamplingParams(self.temperature, self.top_k, self.top_p,
+                              max_tokens=self.max_tokens or default_max_tokens, seed=self.seed)
 
     @property
     def sampling_params(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p)
+        """`sampling()` (the processed distribution is what callers read here)."""
+        return self.sampling()
 
     def with_resolved_dtype(self) -> tuple["RunConfig", str]:
         """The config with a concrete dtype, and why that dtype ("auto": chosen from the device)."""

@@ -1,14 +1,32 @@
 """The numerics contract: the data that both the trainer and the rollout engine execute.
 
 A `NumericsContract` says, for every op of a dense Qwen3 forward, which path runs (`strict` or `native`)
-and, for the strict path, everything that decides the bits of the result: how each reduction is cut and
-merged, the precision of every intermediate, where each rounding sits and which math primitives are used.
-The strict implementations in `rlkit.kernels` read these fields; nothing else decides their bits.
+and, for the strict path, every parameter that decides the bits of the result: how each reduction is cut
+(GEMM K chunks, attention splits and blocks, vocab chunks, the top-p scan block), the CPU GEMM's row
+tile, where the RMSNorm weight multiply rounds, and what the GPU compiler may fuse. What has exactly one
+implementation (every tree is the canonical pairwise tree of kernels/tree.py, every accumulation fp32,
+every rounding once where the reference rounds) is stated in the section docstrings, not as fields.
+Every field has a reader in `rlkit.kernels` (paths: in `rlkit.ops`); nothing else decides their bits.
+
+Where a value is refused: when the contract is built. A contract is shared by both sides of a run, so
+a value no kernel implements (a K chunk count that is not a power of two, FMA fusion, ...) fails where
+it is written with a `ContractError` naming the field, never later on one side. Within the accepted
+values, a GPU kernel that does not cover a case (e.g. a K chunk count above 8) runs the torch reference
+for it, which defines the contract (kernels/*.py say which cases each kernel covers).
 
 Why frozen data and not flags spread over modules: the contract's `fingerprint()` is stored in every
 rollout record and every trainer recompute, and comparison code refuses to compare records made under
 different fingerprints. A toggle (`contract.with_ops(attention="native")`) is a new contract with a new
 fingerprint, so a record always says exactly which numerics produced it.
+
+Versions. The fingerprint hashes the canonical JSON of the contract in its version's field set, so it
+changes with any field's value, any op's path, the name, the version, and the field set itself.
+`qwen3-dense-strict-v2` (the default) dropped v1's fields that no code read (each had one allowed value)
+and added `logprob.top_p_scan_block` and `gpu.fp_fusion`, which v1's kernels fixed at 1024 and False.
+The kernels compute the same bits under both, so v1 stays selectable (`NumericsContract.v1()`): it
+serializes its v1 field set and keeps the fingerprints its runs recorded (e.g. b8dbda3e304b4df3, all
+strict). A run's records are compared only with records of the same fingerprint, so a v1 run is never
+compared with a v2 run (`rlkit.divergence.check_fingerprints` names both contracts).
 
     >>> from rlkit import NumericsContract
     >>> c = NumericsContract.default()
@@ -21,13 +39,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 OPS = ("rms_norm", "linear", "swiglu", "rope", "attention", "logprob", "all_reduce")
 PATHS = ("strict", "native")
-ACCUMULATE_DTYPES = ("float32",)
 
 
 class ContractError(ValueError):
@@ -81,38 +99,39 @@ class OpPaths(_Section):
 
 @dataclass(frozen=True)
 class GemmSpec(_Section):
-    """GEMM (every linear layer and the lm_head): y[m, n] = sum_k x[m, k] * w[n, k]."""
+    """GEMM (every linear layer and the lm_head): y[m, n] = sum_k x[m, k] * w[n, k].
+
+    Fixed by the structure (not fields): products and sums in fp32 (bf16 inputs widen exactly; bf16 x
+    bf16 products are exact in fp32); chunk partials merge in the canonical pairwise tree
+    ((c0+c1)+(c2+c3), kernels/tree.py); the combined fp32 sum rounds once to the output dtype."""
 
     k_chunks: int = 4
     """K is cut into this many equal contiguous chunks. Each chunk is summed on its own in fp32 and the
-    chunk partials are combined by `combine` in fp32. A power of two, so that a row-parallel layer split
-    over TP ranks (TP dividing k_chunks) owns whole subtrees: TP 1, 2 and 4 then give the same bits."""
-    combine: str = "pairwise_tree"
-    """How chunk partials merge: adjacent pairs, level by level ((c0+c1)+(c2+c3))."""
+    chunk partials meet in the pairwise tree. A power of two, so that a row-parallel layer split over
+    TP ranks (TP dividing k_chunks) owns whole subtrees: TP 1, 2 and 4 then give the same bits."""
     row_tile: int = 16
     """Rows per GEMM call on the CPU: every strict backend GEMM call has exactly this many rows (padded),
     so the backend's blocking, and each row's reduction order, never depends on the batch size."""
     k_tile: int = 64
     """GPU kernels: K elements per pipelined step inside a chunk; steps accumulate sequentially in order."""
-    accumulate: str = "float32"
-    """Products and sums in fp32 (bf16 inputs are widened exactly; bf16*bf16 products are exact in fp32)."""
-    output_rounding: str = "once"
-    """The combined fp32 sum is rounded to the output dtype once, round-to-nearest-even."""
 
     def validate(self) -> None:
         _positive_int("gemm.k_chunks", self.k_chunks)
         if not _power_of_two(self.k_chunks):
             raise ContractError("gemm.k_chunks", self.k_chunks, "a power of two (1, 2, 4, 8, ...)")
-        _one_of("gemm.combine", self.combine, ("pairwise_tree",))
         _positive_int("gemm.row_tile", self.row_tile)
         _positive_int("gemm.k_tile", self.k_tile)
-        _one_of("gemm.accumulate", self.accumulate, ACCUMULATE_DTYPES)
-        _one_of("gemm.output_rounding", self.output_rounding, ("once",))
+        if not _power_of_two(self.k_tile) or self.k_tile < 16:
+            raise ContractError("gemm.k_tile", self.k_tile, "a power of two >= 16 (one tensor-core k step)")
 
 
 @dataclass(frozen=True)
 class AttentionSpec(_Section):
-    """Causal GQA attention; the same schedule for varlen prefill, chunked prefill and paged decode."""
+    """Causal GQA attention; the same schedule for varlen prefill, chunked prefill and paged decode.
+
+    Fixed by the structure: scores = (q.k) * head_dim**-0.5 in fp32; q.k over head_dim and p.V over a
+    block are fp32 pairwise trees; split states (max, sum, unnormalized output) merge through their
+    log-sum-exp in a pairwise tree over split index, a split with no visible key an exact pass-through."""
 
     split_size: int = 256
     """KV positions [s*split, (s+1)*split) form split s. A query at position p uses splits 0..p//split,
@@ -120,14 +139,6 @@ class AttentionSpec(_Section):
     block_size: int = 32
     """Inside a split, keys are consumed in blocks of this many positions, in order, by an online softmax.
     Blocks are aligned to absolute positions, so a query sees the same blocks in every mode."""
-    split_combine: str = "pairwise_tree"
-    """Split states (max, sum, unnormalized output) merge through their log-sum-exp in a pairwise tree
-    over split index; a split with no visible key is an exact pass-through."""
-    dot_reduction: str = "pairwise_tree"
-    """q.k over head_dim and p.V over a block: fp32 pairwise trees."""
-    accumulate: str = "float32"
-    score_scale: str = "multiply_after_dot"
-    """scores = (q.k) * head_dim**-0.5 in fp32."""
 
     def validate(self) -> None:
         _positive_int("attention.split_size", self.split_size)
@@ -136,120 +147,104 @@ class AttentionSpec(_Section):
             raise ContractError(
                 "attention.split_size", self.split_size,
                 f"a multiple of attention.block_size ({self.block_size})")
-        _one_of("attention.split_combine", self.split_combine, ("pairwise_tree",))
-        _one_of("attention.dot_reduction", self.dot_reduction, ("pairwise_tree",))
-        _one_of("attention.accumulate", self.accumulate, ACCUMULATE_DTYPES)
-        _one_of("attention.score_scale", self.score_scale, ("multiply_after_dot",))
 
 
 @dataclass(frozen=True)
 class LogprobSpec(_Section):
-    """log p(token) = logit[token] - logsumexp(logits), from the lm_head GEMM (GemmSpec) in fp32."""
+    """log p(token) = logit[token] - logsumexp(logits), from the lm_head GEMM (GemmSpec) rounded once to
+    fp32 (never to the model dtype). Processed logprobs: logits / temperature in fp32 (a division), then
+    top-k, then top-p, then renormalize (rlkit.types.SamplingParams)."""
 
     vocab_chunk: int = 8192
     """The vocabulary is cut into chunks of this many entries (the last one shorter); each chunk yields
     (max, sum of exp(x - max)) with a pairwise tree; chunks merge by a pairwise LSE tree in fp32."""
-    logits_dtype: str = "float32"
-    """The lm_head result is kept in fp32 (its GEMM's single rounding is to fp32, not to the model dtype)."""
     row_block: int = 256
     """Rows processed at once, so no [tokens x vocab] fp32 tensor is held for raw logprobs."""
-    temperature_op: str = "divide"
-    """Processed logprobs: logits / temperature in fp32, then top-k, then top-p, then renormalize."""
+    top_p_scan_block: int = 1024
+    """GPU top-p: the cumulative probability of a row is scanned in blocks of this many entries, in
+    order, the running total carried between blocks (kernels/logprob.py `_row_cumsum_kernel`). The
+    block decides the order of the fp32 additions, so it decides which token crosses top_p at a
+    near-tie. (The CPU reference scans sequentially.) A power of two."""
 
     def validate(self) -> None:
         _positive_int("logprob.vocab_chunk", self.vocab_chunk)
-        _one_of("logprob.logits_dtype", self.logits_dtype, ACCUMULATE_DTYPES)
         _positive_int("logprob.row_block", self.row_block)
-        _one_of("logprob.temperature_op", self.temperature_op, ("divide",))
+        _positive_int("logprob.top_p_scan_block", self.top_p_scan_block)
+        if not _power_of_two(self.top_p_scan_block):
+            raise ContractError("logprob.top_p_scan_block", self.top_p_scan_block, "a power of two")
 
 
 @dataclass(frozen=True)
 class RmsNormSpec(_Section):
-    """y = weight * (x * rsqrt(mean(x^2) + eps)), with an optional residual add before it."""
+    """y = weight * (x * rsqrt(mean(x^2) + eps)), with an optional residual add before it.
 
-    sum_of_squares: str = "pairwise_tree"
-    """fp32 squares summed over the hidden dim by a pairwise tree, then multiplied by 1/hidden."""
+    Fixed by the structure: fp32 squares summed over the hidden dim by a pairwise tree, times 1/hidden;
+    the residual add rounds to the model dtype before the norm reads it."""
+
     weight_multiply: str = "model_dtype"
     """`model_dtype`: normalize in fp32, round to the model dtype, multiply by the weight there (the HF
     Qwen3 order); `float32`: multiply in fp32 and round once."""
-    residual_add: str = "model_dtype"
-    """The residual add rounds to the model dtype before the norm reads it."""
 
     def validate(self) -> None:
-        _one_of("rms_norm.sum_of_squares", self.sum_of_squares, ("pairwise_tree",))
         _one_of("rms_norm.weight_multiply", self.weight_multiply, ("model_dtype", "float32"))
-        _one_of("rms_norm.residual_add", self.residual_add, ("model_dtype",))
 
 
 @dataclass(frozen=True)
-class ElementwiseSpec(_Section):
-    """SwiGLU and RoPE: where the fp32 -> model-dtype roundings sit."""
+class GpuSpec(_Section):
+    """What the GPU kernels' compiler may do to the arithmetic the kernel source writes."""
 
-    swiglu: str = "float32_once"
-    """silu(gate) * up computed in fp32 as gate * sigmoid(gate) * up, rounded once."""
-    rope_tables: str = "float64_then_float32"
-    """cos/sin computed in float64 on the CPU from (position, inv_freq) and rounded to fp32 once; the same
-    table on every device."""
-    rope_apply: str = "float32_once"
-    """x * cos + rotate_half(x) * sin in fp32, rounded once."""
+    fp_fusion: bool = False
+    """Whether the compiler may contract a*b + c into one fused multiply-add (one rounding instead of
+    two). Only False is implemented: two kernels that share a helper (attention's split state in the
+    fused and the split-parallel launch) must round where the source says, and with fusion the
+    compiler decides per kernel (kernels/_triton.py `launch_options`)."""
 
     def validate(self) -> None:
-        _one_of("elementwise.swiglu", self.swiglu, ("float32_once",))
-        _one_of("elementwise.rope_tables", self.rope_tables, ("float64_then_float32",))
-        _one_of("elementwise.rope_apply", self.rope_apply, ("float32_once",))
-
-
-@dataclass(frozen=True)
-class CollectiveSpec(_Section):
-    """all_reduce: every rank contributes one fp32 partial; all are gathered and combined in rank order
-    by the same pairwise tree as the GEMM's chunks (never a ring or the library's choice)."""
-
-    combine: str = "pairwise_tree"
-    wire_dtype: str = "float32"
-
-    def validate(self) -> None:
-        _one_of("collectives.combine", self.combine, ("pairwise_tree",))
-        _one_of("collectives.wire_dtype", self.wire_dtype, ACCUMULATE_DTYPES)
-
-
-@dataclass(frozen=True)
-class Primitives(_Section):
-    """The math primitives the strict path calls, by name. On the CPU they are torch's; GPU kernels name
-    their own (e.g. exp through exp2) in the kernel files."""
-
-    exp: str = "exp"
-    log: str = "log"
-    rsqrt: str = "rsqrt"
-    sigmoid: str = "1/(1+exp(-x))"
-
-    def validate(self) -> None:
-        _one_of("primitives.exp", self.exp, ("exp",))
-        _one_of("primitives.log", self.log, ("log",))
-        _one_of("primitives.rsqrt", self.rsqrt, ("rsqrt",))
-        _one_of("primitives.sigmoid", self.sigmoid, ("1/(1+exp(-x))",))
+        if self.fp_fusion is not False:
+            raise ContractError("gpu.fp_fusion", self.fp_fusion,
+                                "False (the kernels round where their source says; fusion is not implemented)")
 
 
 _SECTIONS = {
     "paths": OpPaths, "gemm": GemmSpec, "attention": AttentionSpec, "logprob": LogprobSpec,
-    "rms_norm": RmsNormSpec, "elementwise": ElementwiseSpec, "collectives": CollectiveSpec,
-    "primitives": Primitives,
+    "rms_norm": RmsNormSpec, "gpu": GpuSpec,
 }
+
+V1_NAME = "qwen3-dense-strict-v1"
+V2_NAME = "qwen3-dense-strict-v2"
+VERSIONS = (1, 2)
+
+V1_FIXED: dict[str, dict[str, str]] = {
+    "gemm": {"combine": "pairwise_tree", "accumulate": "float32", "output_rounding": "once"},
+    "attention": {"split_combine": "pairwise_tree", "dot_reduction": "pairwise_tree", "accumulate": "float32",
+                  "score_scale": "multiply_after_dot"},
+    "logprob": {"logits_dtype": "float32", "temperature_op": "divide"},
+    "rms_norm": {"sum_of_squares": "pairwise_tree", "residual_add": "model_dtype"},
+    "elementwise": {"swiglu": "float32_once", "rope_tables": "float64_then_float32", "rope_apply": "float32_once"},
+    "collectives": {"combine": "pairwise_tree", "wire_dtype": "float32"},
+    "primitives": {"exp": "exp", "log": "log", "rsqrt": "rsqrt", "sigmoid": "1/(1+exp(-x))"},
+}
+"""Version 1 wrote these fields, each with the one value every kernel implements (no code read them);
+version 2 states them in the section docstrings instead. A v1 contract still serializes them, so its
+JSON, and its fingerprint, are what v1 stores hold."""
+
+V1_ONLY_DEFAULTS: dict[str, dict[str, Any]] = {"logprob": {"top_p_scan_block": 1024}, "gpu": {"fp_fusion": False}}
+"""Fields version 1 did not write: a v1 contract has the value its kernels used, and no other."""
 
 
 @dataclass(frozen=True)
 class NumericsContract:
     """A named, versioned, frozen numerics contract. Build with `default()` and derive with `with_ops`."""
 
-    name: str = "qwen3-dense-strict-v1"
-    version: int = 1
+    name: str = V2_NAME
+    version: int = 2
+    """The structure of the fields: 1 (the v1 field set, V1_FIXED included) or 2 (this class's fields)."""
     paths: OpPaths = field(default_factory=OpPaths)
     gemm: GemmSpec = field(default_factory=GemmSpec)
     attention: AttentionSpec = field(default_factory=AttentionSpec)
     logprob: LogprobSpec = field(default_factory=LogprobSpec)
     rms_norm: RmsNormSpec = field(default_factory=RmsNormSpec)
-    elementwise: ElementwiseSpec = field(default_factory=ElementwiseSpec)
-    collectives: CollectiveSpec = field(default_factory=CollectiveSpec)
-    primitives: Primitives = field(default_factory=Primitives)
+    gpu: GpuSpec = field(default_factory=GpuSpec)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -257,8 +252,23 @@ class NumericsContract:
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def default(cls) -> "NumericsContract":
-        """`qwen3-dense-strict-v1` with every op on the strict path."""
+        """`qwen3-dense-strict-v2` with every op on the strict path."""
         return cls()
+
+    @classmethod
+    def v1(cls) -> "NumericsContract":
+        """`qwen3-dense-strict-v1`: the same bits as v2's defaults, under v1's field set and fingerprint
+        (runs recorded before v2 carry it)."""
+        return cls(name=V1_NAME, version=1)
+
+    @classmethod
+    def named(cls, name: str) -> "NumericsContract":
+        """A released contract by name, every op strict."""
+        if name == V2_NAME:
+            return cls.default()
+        if name == V1_NAME:
+            return cls.v1()
+        raise ContractError("name", name, f"{V2_NAME} | {V1_NAME}")
 
     @classmethod
     def native(cls) -> "NumericsContract":
@@ -302,11 +312,19 @@ class NumericsContract:
         if not isinstance(self.name, str) or not self.name:
             raise ContractError("name", self.name, "a non-empty string")
         _positive_int("version", self.version)
+        if self.version not in VERSIONS:
+            raise ContractError("version", self.version, " | ".join(map(str, VERSIONS)))
         for section, kind in _SECTIONS.items():
             value = getattr(self, section)
             if not isinstance(value, kind):
                 raise ContractError(section, value, f"a {kind.__name__}")
             value.validate()
+        if self.version == 1:
+            for section, fields in V1_ONLY_DEFAULTS.items():
+                for key, fixed in fields.items():
+                    if getattr(getattr(self, section), key) != fixed:
+                        raise ContractError(f"{section}.{key}", getattr(getattr(self, section), key),
+                                            f"{fixed!r} (version 1 fixes it; use version 2 to change it)")
 
     def path(self, op: str) -> str:
         if op not in OPS:
@@ -322,7 +340,19 @@ class NumericsContract:
         return all(self.path(op) == "strict" for op in OPS)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The contract as plain data in its version's field set (what `to_json` and the fingerprint
+        read): version 2 as the dataclass; version 1 with V1_FIXED's fields and without the fields v1 did
+        not write, exactly what v1 stores hold."""
+        data = dataclasses.asdict(self)
+        if self.version == 1:
+            for section, fields in V1_ONLY_DEFAULTS.items():
+                for key in fields:
+                    del data[section][key]
+                if not data[section]:
+                    del data[section]
+            for section, fields in V1_FIXED.items():
+                data.setdefault(section, {}).update(fields)
+        return data
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace; the fingerprint hashes exactly this text."""
@@ -332,22 +362,32 @@ class NumericsContract:
     def from_dict(cls, data: dict[str, Any]) -> "NumericsContract":
         if not isinstance(data, dict):
             raise ContractError("contract", type(data).__name__, "a JSON object")
-        known = {"name", "version", *_SECTIONS}
+        version = data.get("version", 2)
+        fixed = V1_FIXED if version == 1 else {}
+        known = {"name", "version", *_SECTIONS, *fixed}
         for key in data:
             if key not in known:
                 raise ContractError(key, data[key], "fields " + ", ".join(sorted(known)))
         kwargs: dict[str, Any] = {k: data[k] for k in ("name", "version") if k in data}
-        for section, kind in _SECTIONS.items():
+        for section in known - {"name", "version"}:
             if section not in data:
                 continue
             raw = data[section]
-            names = {f.name for f in dataclasses.fields(kind)}
             if not isinstance(raw, dict):
                 raise ContractError(section, raw, "a JSON object")
+            kind = _SECTIONS.get(section)
+            names = {f.name for f in dataclasses.fields(kind)} if kind else set()
+            if version == 1:
+                names -= set(V1_ONLY_DEFAULTS.get(section, {}))
             for key in raw:
-                if key not in names:
-                    raise ContractError(f"{section}.{key}", raw[key], ", ".join(sorted(names)))
-            kwargs[section] = kind(**raw)
+                if key in fixed.get(section, {}):
+                    if raw[key] != fixed[section][key]:
+                        raise ContractError(f"{section}.{key}", raw[key], repr(fixed[section][key]))
+                elif key not in names:
+                    raise ContractError(f"{section}.{key}", raw[key],
+                                        ", ".join(sorted(names | set(fixed.get(section, {})))))
+            if kind is not None:
+                kwargs[section] = kind(**{k: v for k, v in raw.items() if k in names})
         return cls(**kwargs)
 
     @classmethod
@@ -361,6 +401,17 @@ class NumericsContract:
     def fingerprint(self) -> str:
         """16 hex digits of SHA-256 over the canonical JSON: the same in every process and machine."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_fingerprint(cls, fingerprint: str) -> "NumericsContract | None":
+        """The released contract (any version, any per-op paths) with this fingerprint, or None (a
+        contract with other parameters: only its JSON says what it was)."""
+        for base in (cls.default(), cls.v1()):
+            for paths in itertools.product(PATHS, repeat=len(OPS)):
+                c = base.with_ops(**dict(zip(OPS, paths)))
+                if c.fingerprint() == fingerprint:
+                    return c
+        return None
 
     def summary(self) -> str:
         paths = " ".join(f"{op}={self.path(op)}" for op in OPS)

@@ -22,6 +22,7 @@ from torch import nn
 
 from rlkit import ops
 from rlkit.bitwise import differs
+from rlkit.contract import NumericsContract
 from rlkit.model.qwen3 import ForwardBatch
 
 
@@ -29,10 +30,25 @@ class FingerprintMismatch(ValueError):
     """Two records were made under different numerics contracts."""
 
 
+def _describe(fp: str) -> str:
+    known = NumericsContract.from_fingerprint(fp)
+    return fp if known is None else f"{fp} ({known.summary().split(' [')[0]}, {_paths_text(known)})"
+
+
+def _paths_text(contract: NumericsContract) -> str:
+    native = [op for op, path in contract.op_paths().items() if path == "native"]
+    if not native:
+        return "all strict"
+    return "all native" if len(native) == len(contract.op_paths()) else "native " + ",".join(native)
+
+
 def check_fingerprints(rollout_fp: str, trainer_fp: str) -> None:
+    """Records made under different numerics contracts (another version, another path of any op) are
+    never compared: one line naming both contracts where they are released ones."""
     if rollout_fp != trainer_fp:
         raise FingerprintMismatch(
-            f"refusing to compare: rollout contract {rollout_fp} != trainer contract {trainer_fp}")
+            f"refusing to compare: rollout contract {_describe(rollout_fp)} != trainer contract "
+            f"{_describe(trainer_fp)}; records made under different numerics contracts are never compared")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from rlkit.config import RunConfig
 from rlkit.data.rewards import ascii_share
 from rlkit.divergence import check_fingerprints, logprob_divergence
 from rlkit.model.tokenizer import chat_prompt_ids, decode, load_tokenizer
-from rlkit.rollout.types import GenerationRequest, SamplingConfig
+from rlkit.rollout.types import GenerationRequest
 from rlkit.runners import SyncError, make_runner, seeded_model
 from rlkit.train.warm_start import warm_start
 from rlkit.timeline.records import Recompute, RolloutRecord, StepSummary, ToggleEvent, WeightVersion
@@ -152,8 +152,7 @@ def _steps(store: RunStore, cfg: RunConfig, runner, task, tok, contract, start: 
 
         # 2. rollout at weight version `version`
         problems = task.problems(step, cfg.prompts_per_step, cfg.seed)
-        sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p,
-                                  cfg.max_tokens or task.default_max_tokens, seed=cfg.seed)
+        sampling = cfg.sampling(task.default_max_tokens)
         prompts = [tuple(chat_prompt_ids(p.user_message(), tok)) for p in problems]  # once per prompt
         requests = [GenerationRequest(f"s{step}-p{i}-k{k}", prompts[i], sampling)
                     for i in range(len(problems)) for k in range(cfg.samples_per_prompt)]
@@ -205,8 +204,7 @@ def _steps(store: RunStore, cfg: RunConfig, runner, task, tok, contract, start: 
                                  i % cfg.samples_per_prompt, r.engine_id, r.weight_version,
                                  r.contract_fingerprint, r.prompt_ids, r.token_ids, rollout_lps[i],
                                  float(rewards[i]), r.finish_reason,
-                                 {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
-                                  "max_tokens": sampling.max_tokens, "seed": cfg.seed})
+                                 sampling.record())
                    for i, r in enumerate(results)]
         recomputes = [Recompute(r.request_id, step, version, contract.fingerprint(), lp.tolist())
                       for r, lp in zip(results, trainer_lps)]

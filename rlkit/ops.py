@@ -1,7 +1,10 @@
 """One dispatch point per op: the active numerics contract decides strict or native.
 
 Every layer of rlkit's Qwen3 (and of the vLLM and Megatron adapters) calls these functions; nothing else
-chooses kernels. The contract in effect is scoped, never global state patched into torch:
+chooses kernels, and no module of rlkit other than this one (and the benchmarks) imports `rlkit.kernels`.
+The adapters' own numerics go through here too: the vLLM sampler's `log_softmax` and `process_logits`,
+the engines' sampling (`process_logits`), the Megatron trainer's gradient and norm reductions
+(`reduce_sum`). The contract in effect is scoped, never global state patched into torch:
 
     from rlkit import ops, NumericsContract
     with ops.use_contract(NumericsContract.default().with_ops(attention="native")):
@@ -33,14 +36,13 @@ from rlkit.kernels import logprob as _logprob
 from rlkit.kernels import rms_norm as _rms_norm
 from rlkit.kernels import rope as _rope
 from rlkit.kernels import swiglu as _swiglu
-from rlkit.kernels.attention import AttentionLayout
 from rlkit.kernels.errors import OpInputError
-from rlkit.kernels.logprob import SamplingParams
+from rlkit.types import AttentionLayout, SamplingParams
 
 __all__ = [
     "use_contract", "current_contract", "rms_norm", "linear", "swiglu", "rope", "attention",
-    "logits", "logprob", "logprob_from_logits", "all_reduce", "AttentionLayout", "SamplingParams",
-    "OpInputError",
+    "logits", "logprob", "logprob_from_logits", "log_softmax", "process_logits", "all_reduce", "reduce_sum",
+    "AttentionLayout", "SamplingParams", "OpInputError",
 ]
 
 _ACTIVE: ContextVar[NumericsContract] = ContextVar("rlkit_numerics_contract",
@@ -128,7 +130,22 @@ def logprob_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor,
     """Logprobs of token_ids given fp32 logits: raw (params None) or processed by `params`."""
     if _strict("logprob"):
         return _logprob.strict_from_logits(logits_fp32, token_ids, _ACTIVE.get(), params)
-    return _logprob.native_from_logits(logits_fp32, token_ids, params)
+    return _logprob.native_from_logits(logits_fp32, token_ids, _ACTIVE.get(), params)
+
+
+def log_softmax(logits_fp32: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of every vocabulary entry, [rows, vocab] fp32 (the vLLM sampler's
+    `compute_logprobs`): strict, logits - the contract's vocab-chunked LSE; native, torch.log_softmax."""
+    if _strict("logprob"):
+        return _logprob.strict_log_softmax(logits_fp32, _ACTIVE.get())
+    return _logprob.native_log_softmax(logits_fp32)
+
+
+def process_logits(logits_fp32: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The sampling distribution's logits: / temperature, top-k, top-p (removed entries -inf). One
+    definition for both paths (the rollout samples from it, processed logprobs renormalize it); its
+    top-p scan follows the contract (`logprob.top_p_scan_block`)."""
+    return _logprob.process_logits(logits_fp32, params, _ACTIVE.get())
 
 
 def logprob(hidden: torch.Tensor, lm_head: torch.Tensor, token_ids: torch.Tensor,
@@ -137,11 +154,19 @@ def logprob(hidden: torch.Tensor, lm_head: torch.Tensor, token_ids: torch.Tensor
     strict path (rows are done `logprob.row_block` at a time)."""
     if _strict("logprob"):
         return _logprob.strict(hidden, lm_head, token_ids, _ACTIVE.get(), params)
-    return _logprob.native(hidden, lm_head, token_ids, params)
+    return _logprob.native(hidden, lm_head, token_ids, _ACTIVE.get(), params)
 
 
 def all_reduce(partial: torch.Tensor, group=None) -> torch.Tensor:
-    """Sum over the ranks of `group`; returns a new tensor."""
+    """Sum over the ranks of `group`; returns a new tensor (strict: fp32, the canonical tree over the
+    gathered per-rank partials; native: the backend's all-reduce in the tensor's dtype)."""
     if _strict("all_reduce"):
         return _collectives.reference(partial.float(), group)
     return _collectives.native(partial, group)
+
+
+def reduce_sum(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """`all_reduce` rounded back to the tensor's dtype: the trainer's gradient and norm reductions over
+    its model-parallel groups (every rank gets the same bits on the strict path, so TP-replicated
+    parameters stay identical after an update)."""
+    return all_reduce(tensor, group).to(tensor.dtype)

@@ -32,8 +32,9 @@ from rlkit.contract import NumericsContract
 from rlkit.divergence import DivergenceStats, flatten, locate_first_divergence, logprob_divergence
 from rlkit.model import build_model, preset
 from rlkit.model.config import DTYPE_ALIASES
-from rlkit.rollout import EmbeddedEngine, EngineConfig, GenerationRequest, SamplingConfig
+from rlkit.rollout import EmbeddedEngine, EngineConfig, GenerationRequest
 from rlkit.train.recompute import response_logprobs
+from rlkit.types import SamplingParams
 
 ROLLOUTS = ("embedded", "vllm")
 
@@ -157,8 +158,7 @@ def run_parity(settings: ParitySettings, log=None) -> ParityReport:
     model = build_model(cfg, seed=run.seed, device=run.device)
     engine = build_rollout(settings, model, contract)
     prompts = dapo_prompts(settings.prompts)
-    sampling = SamplingConfig(temperature=run.temperature, top_k=run.top_k, top_p=run.top_p,
-                              max_tokens=run.max_tokens, seed=run.seed)
+    sampling = run.sampling()
     requests = [GenerationRequest(f"{pid}-s{run.seed}", tuple(ids), sampling) for pid, ids in prompts]
     log(f"rollout: {len(requests)} DAPO-Math-17k prompts, up to {run.max_tokens} tokens each")
     results = engine.generate(requests, progress=True)
@@ -192,9 +192,9 @@ def run_parity(settings: ParitySettings, log=None) -> ParityReport:
         notes.append(f"the {settings.rollout} engine offers no prefill scoring: links 2 and 3 not run")
     trainer_resp = [f[plen - 1 :] for f, plen in zip(full, plens)]
     add("trainer_vs_decode", [r.raw_logprobs for r in results], trainer_resp)
-    if not sampling.params.is_identity:
+    if not sampling.is_identity:
         with ops.use_contract(contract):
-            processed = response_logprobs(model, seqs, plens, [sampling.params] * len(seqs),
+            processed = response_logprobs(model, seqs, plens, [sampling] * len(seqs),
                                           max_batch_tokens=settings.trainer_batch_tokens)
         add("trainer_vs_decode_processed", [r.processed_logprobs for r in results], processed)
     fd = None

@@ -3,21 +3,77 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from rlkit import ContractError, NumericsContract, OPS
-from rlkit.contract import AttentionSpec, GemmSpec, LogprobSpec
+from rlkit.divergence import FingerprintMismatch, check_fingerprints
+from rlkit.contract import (_SECTIONS, V1_FIXED, AttentionSpec, GemmSpec, GpuSpec, LogprobSpec, OpPaths,
+                            RmsNormSpec)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_default_is_named_versioned_and_all_strict():
     c = NumericsContract.default()
-    assert c.name == "qwen3-dense-strict-v1"
-    assert c.version == 1
+    assert c.name == "qwen3-dense-strict-v2"
+    assert c.version == 2
     assert c.all_strict
     assert all(c.path(op) == "strict" for op in OPS)
+
+
+def test_v1_keeps_its_fingerprints_and_json():
+    """v2 removed fields no code read and added logprob.top_p_scan_block; the bits are v1's, so v1 stays
+    selectable and serializes, and fingerprints, exactly as the runs recorded under it (these hex
+    strings are what v1 wrote: docs/VALIDATION.md's run carries b8dbda3e304b4df3)."""
+    v1 = NumericsContract.named("qwen3-dense-strict-v1")
+    assert v1 == NumericsContract.v1() and v1.version == 1
+    assert v1.fingerprint() == "b8dbda3e304b4df3"
+    assert v1.with_every_op("native").fingerprint() == "f616f4c046c67768"
+    assert v1.with_ops(attention="native").fingerprint() == "8007695534cdf5ea"
+    data = json.loads(v1.to_json())
+    for section, fields in V1_FIXED.items():
+        assert {k: data[section][k] for k in fields} == fields
+    assert "top_p_scan_block" not in data["logprob"] and "gpu" not in data
+    back = NumericsContract.from_json(v1.to_json())
+    assert back == v1 and back.fingerprint() == v1.fingerprint()
+    # the same kernel parameters as v2's default, under another name, version and fingerprint
+    v2 = NumericsContract.default()
+    assert (v1.gemm, v1.attention, v1.logprob, v1.rms_norm) == (v2.gemm, v2.attention, v2.logprob, v2.rms_norm)
+    assert v2.fingerprint() != v1.fingerprint()
+    assert NumericsContract.named("qwen3-dense-strict-v2") == v2
+
+
+def test_from_fingerprint_finds_released_contracts_only():
+    for c in (NumericsContract.v1(), NumericsContract.default().with_ops(logprob="native"), NumericsContract.native()):
+        assert NumericsContract.from_fingerprint(c.fingerprint()) == c
+    odd = NumericsContract.default().replace(gemm=GemmSpec(k_chunks=8))
+    assert NumericsContract.from_fingerprint(odd.fingerprint()) is None
+
+
+def _reads(source: str, section: str, name: str) -> bool:
+    """`contract.<section>.<name>` or, in a function that binds `spec = contract.<section>`, `spec.<name>`."""
+    if re.search(rf"\.{section}\.{name}\b", source):
+        return True
+    return bool(re.search(rf"spec = contract\.{section}\b", source) and re.search(rf"\bspec\.{name}\b", source))
+
+
+def test_every_contract_field_has_a_reader():
+    """Each kernel parameter is read by the kernels (kernels/), each op path by the dispatch (rlkit/ops.py):
+    a field nothing reads cannot be honoured, so it is not in the contract."""
+    kernels = "\n".join(p.read_text() for p in sorted((ROOT / "kernels").glob("*.py")))
+    ops_src = (ROOT / "rlkit" / "ops.py").read_text()
+    for section, kind in _SECTIONS.items():
+        for f in dataclasses.fields(kind):
+            if section == "paths":
+                assert f'_strict("{f.name}")' in ops_src, f"paths.{f.name}: rlkit/ops.py never asks for it"
+            else:
+                assert _reads(kernels, section, f.name), f"{section}.{f.name}: no kernel reads it"
 
 
 def test_fingerprint_is_stable_across_processes():
@@ -55,7 +111,30 @@ def test_json_round_trip_keeps_every_field():
     (lambda: GemmSpec(k_chunks=3), "gemm.k_chunks", "power of two"),
     (lambda: GemmSpec(row_tile=0), "gemm.row_tile", "positive"),
     (lambda: LogprobSpec(vocab_chunk=0), "logprob.vocab_chunk", "positive"),
-    (lambda: GemmSpec(accumulate="bfloat16"), "gemm.accumulate", "float32"),
+    (lambda: GemmSpec(k_tile=48), "gemm.k_tile", "power of two"),
+    (lambda: GemmSpec(k_tile=8), "gemm.k_tile", ">= 16"),
+    (lambda: GemmSpec(k_tile=0), "gemm.k_tile", "positive"),
+    (lambda: LogprobSpec(row_block=0), "logprob.row_block", "positive"),
+    (lambda: LogprobSpec(top_p_scan_block=1000), "logprob.top_p_scan_block", "power of two"),
+    (lambda: LogprobSpec(top_p_scan_block=-2), "logprob.top_p_scan_block", "positive"),
+    (lambda: RmsNormSpec(weight_multiply="bfloat16"), "rms_norm.weight_multiply", "model_dtype | float32"),
+    (lambda: GpuSpec(fp_fusion=True), "gpu.fp_fusion", "False"),
+    (lambda: NumericsContract(name=""), "name", "non-empty"),
+    (lambda: NumericsContract(version=3), "version", "1 | 2"),
+    (lambda: NumericsContract(version=0), "version", "positive"),
+    (lambda: NumericsContract(gemm="fast"), "gemm", "GemmSpec"),
+    (lambda: NumericsContract.named("qwen3-dense-fast"), "name", "qwen3-dense-strict-v2"),
+    # version 1 fixes the scan block it never wrote, and its written-but-unread fields to their one value
+    (lambda: NumericsContract.v1().replace(logprob=LogprobSpec(top_p_scan_block=512)),
+     "logprob.top_p_scan_block", "version 1 fixes it"),
+    (lambda: NumericsContract.from_json('{"version": 1, "gemm": {"accumulate": "bfloat16"}}'),
+     "gemm.accumulate", "float32"),
+    (lambda: NumericsContract.from_json('{"version": 1, "primitives": {"exp": "exp2"}}'),
+     "primitives.exp", "'exp'"),
+    # version 2 no longer has them: a v2 contract naming one is refused
+    (lambda: NumericsContract.from_json('{"version": 2, "gemm": {"combine": "pairwise_tree"}}'),
+     "gemm.combine", "k_chunks"),
+    (lambda: NumericsContract.from_json('{"version": 2, "primitives": {}}'), "primitives", "attention"),
     (lambda: NumericsContract.from_json('{"gemm": {"k_chunks": 4, "warp": 2}}'), "gemm.warp", "k_chunks"),
     (lambda: NumericsContract.from_json('{"colour": 1}'), "colour", "attention"),
     (lambda: NumericsContract.from_json("not json"), "json", "valid JSON"),
@@ -73,3 +152,54 @@ def test_parse_ops_reads_cli_values():
     assert NumericsContract.parse_ops("attention=native, linear=strict") == {
         "attention": "native", "linear": "strict"}
     assert NumericsContract.parse_ops("") == {}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_every_op_path_refuses_other_values(op):
+    with pytest.raises(ContractError) as err:
+        OpPaths(**{op: "fast"})
+    assert err.value.field_name == f"paths.{op}"
+
+
+def test_records_of_different_contracts_are_never_compared():
+    """A store written under v1 holds v1 fingerprints: comparing its records with a v2 run's is refused
+    with one line naming both contracts (an unknown fingerprint is named as it is)."""
+    v1, v2 = NumericsContract.v1(), NumericsContract.default()
+    check_fingerprints(v1.fingerprint(), v1.fingerprint())
+    with pytest.raises(FingerprintMismatch) as err:
+        check_fingerprints(v1.fingerprint(), v2.with_ops(attention="native").fingerprint())
+    msg = str(err.value)
+    assert "\n" not in msg and "refusing to compare" in msg
+    assert "b8dbda3e304b4df3 (qwen3-dense-strict-v1 v1, all strict)" in msg
+    assert f"{v2.with_ops(attention='native').fingerprint()} (qwen3-dense-strict-v2 v2, native attention)" in msg
+    with pytest.raises(FingerprintMismatch, match="rollout contract 0123456789abcdef != trainer"):
+        check_fingerprints("0123456789abcdef", v2.fingerprint())
+
+
+def test_numerics_table_points_at_code_and_tests_that_exist():
+    """docs/NUMERICS.md: every contract field it names exists, every `file` `function` it names is
+    defined in that file, every `tests/...::test` exists."""
+    text = (ROOT / "docs" / "NUMERICS.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| source")]
+    assert len(rows) >= 9
+    fields = {f"{section}.{f.name}" for section, kind in _SECTIONS.items() for f in dataclasses.fields(kind)}
+    checked = 0
+    for line in text.splitlines():
+        current = None
+        for token in re.findall(r"`([^`]+)`", line):
+            if "::" in token and token.startswith("tests/"):
+                path, name = token.split("::")
+                assert re.search(rf"^def {name}\b", (ROOT / path).read_text(), re.M), token
+                checked += 1
+            elif token.endswith(".py"):
+                assert (ROOT / token).is_file(), token
+                current = ROOT / token
+            elif re.fullmatch(r"[a-z_]+\.[a-z_<>]+", token) and token.split(".")[0] in _SECTIONS:
+                assert token in fields or token == "paths.<op>", f"{token}: no such contract field"
+                checked += 1
+            elif current is not None and re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]*(\(.*\))?", token):
+                name = token.split("(")[0]
+                assert re.search(rf"^\s*(def|class) {name}\b|^{name} = ", current.read_text(), re.M), \
+                    f"{token} is not defined in {current.relative_to(ROOT)}"
+                checked += 1
+    assert checked > 60

@@ -88,6 +88,7 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, shapes=GEMM_SHAPES, tune: bool = False)
     from rlkit.kernels import gemm
 
     c = NumericsContract.default()
+    compiled: dict = {}  # kernel kind -> the last Launch of that kind (registers, spills)
     for name, (k, n) in shapes.items():
         w = _randn(n, k, scale=0.02, seed=1)
         for m in ms:
@@ -95,7 +96,8 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, shapes=GEMM_SHAPES, tune: bool = False)
             shape = f"{name} M={m} K={k} N={n}"
             flops = 2.0 * m * n * k
             t_nat = _bench(lambda: F.linear(x, w))
-            y = gemm.triton_partial(x, w, c, 1, torch.bfloat16)
+            y, launches = gemm.triton_launch(x, w, c, 1, torch.bfloat16)
+            compiled.update((ln.kernel, ln) for ln in launches)
             t_str = _bench(lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16))
             for impl, t in (("native", t_nat), ("strict", t_str)):
                 rec.add("gemm", impl, shape, "ms", t)
@@ -114,18 +116,19 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, shapes=GEMM_SHAPES, tune: bool = False)
     rec.add("gemm", "strict", "launch floor M=1 K=256 N=64", "ms",
             _bench(lambda: gemm.triton_partial(tiny_x, tiny_w, c, 1, torch.bfloat16)))
     rec.add("gemm", "native", "launch floor M=1 K=256 N=64", "ms", _bench(lambda: F.linear(tiny_x, tiny_w)))
-    for kind, kern in gemm.LAST.items():
-        rec.add("gemm", f"strict_{kind}", "last compiled", "registers", getattr(kern, "n_regs", -1))
-        rec.add("gemm", f"strict_{kind}", "last compiled", "spills", getattr(kern, "n_spills", -1))
+    for kind, ln in compiled.items():
+        rec.add("gemm", f"strict_{kind}", "last compiled", "registers", ln.registers)
+        rec.add("gemm", f"strict_{kind}", "last compiled", "spills", ln.spills)
 
 
 # -- attention ----------------------------------------------------------------------------------------
 def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 64), contexts=(1024, 8192)) -> None:
     from rlkit import NumericsContract
     from rlkit.kernels import attention
-    from rlkit.kernels.attention import AttentionLayout
+    from rlkit.types import AttentionLayout
 
     c = NumericsContract.default()
+    compiled: dict = {}  # attention mode -> the last Launch of that mode (registers, spills)
     h, g, d = 32, 8, 128
     for s in seqlens:
         q, k, v = _randn(s, h, d, seed=3), _randn(s, g, d, seed=4), _randn(s, g, d, seed=5)
@@ -137,6 +140,7 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
             t_nat = _bench(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True))
         lay = AttentionLayout.prefill(torch.tensor([0, s], device="cuda"))
         plan = attention.attention_plan(q.shape, k, lay, c)
+        compiled.update((ln.kernel, ln) for ln in attention.launch(plan, q, k, v, c)[1])
         t_str = _bench(lambda: attention.launch(plan, q, k, v, c))
         shape = f"prefill S={s} H={h} G={g} D={d}"
         for impl, t in (("native_sdpa_flash", t_nat), ("strict", t_str)):
@@ -154,6 +158,7 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
             lay = AttentionLayout.paged(torch.ones(b, dtype=torch.int64, device="cuda"),
                                         torch.full((b,), ctx, dtype=torch.int64, device="cuda"), perm)
             plan = attention.attention_plan(q.shape, kc, lay, c)
+            compiled.update((ln.kernel, ln) for ln in attention.launch(plan, q, kc, vc, c)[1])
             t_str = _bench(lambda: attention.launch(plan, q, kc, vc, c))
             # native: SDPA over the same KV, already gathered contiguous per sequence (gather not timed)
             kg = kc[perm].reshape(b, ctx, g, d).transpose(1, 2).contiguous()
@@ -173,9 +178,9 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
                 rec.add("paged_decode", name, shape, "GB/s_kv", kv_bytes / t / 1e6)
             rec.add("paged_decode", "strict", shape, "ratio_vs_native", t_nat / t_str)
             del kc, vc, kg, vg
-    for mode, kern in attention.LAST.items():
-        rec.add("attention", f"strict_{mode}", "last compiled", "registers", getattr(kern, "n_regs", -1))
-        rec.add("attention", f"strict_{mode}", "last compiled", "spills", getattr(kern, "n_spills", -1))
+    for mode, ln in compiled.items():
+        rec.add("attention", f"strict_{mode}", "last compiled", "registers", ln.registers)
+        rec.add("attention", f"strict_{mode}", "last compiled", "spills", ln.spills)
 
 
 # -- logprob and the row-wise ops ---------------------------------------------------------------------

@@ -24,10 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlkit import ops
-from rlkit.kernels.attention import AttentionLayout
-from rlkit.kernels.logprob import SamplingParams
 from rlkit.model.config import Qwen3Config
 from rlkit.model.parallel import TensorParallel, shard_state_dict
+from rlkit.types import AttentionLayout, SamplingParams
 
 
 class KVCache(Protocol):

@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 from rlkit.model.config import data_dir
+from rlkit.types import QWEN3_STOP_IDS as STOP_IDS
 
 EOS_ID = 151645   # <|im_end|>
 PAD_ID = 151643   # <|endoftext|>
-STOP_IDS = (151645, 151643)
 
 
 @functools.lru_cache(maxsize=4)

@@ -2,6 +2,7 @@
 vLLM adapter (rlkit.rollout.vllm_engine), both returning GenerationResult records."""
 
 from rlkit.rollout.engine import EmbeddedEngine, EngineConfig
-from rlkit.rollout.types import GenerationRequest, GenerationResult, SamplingConfig
+from rlkit.rollout.types import GenerationRequest, GenerationResult
+from rlkit.types import SamplingParams
 
-__all__ = ["EmbeddedEngine", "EngineConfig", "GenerationRequest", "GenerationResult", "SamplingConfig"]
+__all__ = ["EmbeddedEngine", "EngineConfig", "GenerationRequest", "GenerationResult", "SamplingParams"]

@@ -25,9 +25,9 @@ import torch
 
 from rlkit import ops
 from rlkit.contract import NumericsContract
-from rlkit.kernels.attention import AttentionLayout
 from rlkit.model.qwen3 import ForwardBatch, Qwen3ForCausalLM
 from rlkit.rollout.kv_cache import PagedKVCache
+from rlkit.types import AttentionLayout
 
 
 def buckets_up_to(max_rows: int) -> list[int]:

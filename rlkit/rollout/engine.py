@@ -30,13 +30,13 @@ import torch
 
 from rlkit import ops
 from rlkit.contract import NumericsContract
-from rlkit.kernels.attention import AttentionLayout
 from rlkit.model.checkpoint import weights_checksum
 from rlkit.model.qwen3 import ForwardBatch, Qwen3ForCausalLM
 from rlkit.rollout.decode_graphs import DecodeGraphs
 from rlkit.rollout.kv_cache import PagedKVCache
 from rlkit.rollout.sampling import request_generator, sample_tokens
 from rlkit.rollout.types import GenerationRequest, GenerationResult
+from rlkit.types import AttentionLayout
 
 
 @dataclass(frozen=True)
@@ -260,11 +260,13 @@ class EmbeddedEngine:
 
     @staticmethod
     def _by_params(seqs: list[_Sequence], keep=lambda s: True) -> dict:
+        """{SamplingParams: rows} grouping the rows whose processed distribution is the same (the first
+        row's params stand for the group; only their distribution fields are read)."""
         groups: dict = {}
         for i, seq in enumerate(seqs):
             if keep(seq):
-                groups.setdefault(seq.request.sampling.params, []).append(i)
-        return groups
+                groups.setdefault(seq.request.sampling.distribution, (seq.request.sampling, []))[1].append(i)
+        return dict(groups.values())
 
     def _choose_tokens(self, seqs: list[_Sequence], logits: torch.Tensor) -> list[int]:
         """Teacher-forced tokens where replaying, else a sample per row from its own generator."""

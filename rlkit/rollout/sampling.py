@@ -13,7 +13,8 @@ import hashlib
 
 import torch
 
-from rlkit.kernels.logprob import SamplingParams, process_logits
+from rlkit import ops
+from rlkit.types import SamplingParams
 
 
 def request_generator(seed: int, request_id: str, device: torch.device | str = "cpu") -> torch.Generator:
@@ -22,8 +23,9 @@ def request_generator(seed: int, request_id: str, device: torch.device | str = "
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]) -> list[int]:
-    """logits: fp32 [rows, vocab], one generator per row (on the logits' device). One sync for all rows."""
-    z = process_logits(logits, params)
+    """logits: fp32 [rows, vocab], one generator per row (on the logits' device). One sync for all rows.
+    The processed logits come from `ops.process_logits` under the caller's contract."""
+    z = ops.process_logits(logits, params)
     noise = torch.stack([torch.rand(z.shape[1], generator=g, device=z.device, dtype=torch.float64)
                          for g in generators])
     gumbel = -torch.log(-torch.log(noise.clamp_min(1e-300)))

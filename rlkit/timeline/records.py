@@ -32,8 +32,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rlkit.contract import OPS, PATHS
+from rlkit.types import SAMPLING_RECORD_KEYS, SamplingParams
 
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "max_tokens", "seed")
+SAMPLING_KEYS = SAMPLING_RECORD_KEYS  # the keys a record stores, from the one sampling type
 _INT32_MAX = 2**31 - 1
 
 
@@ -271,12 +272,12 @@ class RolloutRecord(_Record):
 
 
 def sampling_dict(sampling: Any) -> dict[str, Any]:
-    """A sampling config (rlkit.rollout.types.SamplingConfig or a dict) as a plain dict with the five keys
+    """A request's sampling (rlkit.types.SamplingParams or a dict) as a plain dict with the five keys
     every record carries; tuples become lists so the dict survives a JSON round trip unchanged."""
-    if not isinstance(sampling, dict):
-        if not all(hasattr(sampling, k) for k in SAMPLING_KEYS):
-            raise RecordError(f"sampling: expected a dict or a SamplingConfig, got {type(sampling).__name__}")
-        sampling = {k: getattr(sampling, k) for k in SAMPLING_KEYS}
+    if isinstance(sampling, SamplingParams):
+        sampling = sampling.record()
+    elif not isinstance(sampling, dict):
+        raise RecordError(f"sampling: expected a dict or a SamplingParams, got {type(sampling).__name__}")
     missing = [k for k in SAMPLING_KEYS if k not in sampling]
     if missing:
         raise RecordError(f"sampling: missing {missing}; a record carries {list(SAMPLING_KEYS)}")

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from rlkit.kernels.logprob import SamplingParams
+from rlkit.types import SamplingParams
 from rlkit.model.qwen3 import ForwardBatch, Qwen3ForCausalLM
 
 

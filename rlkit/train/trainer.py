@@ -20,7 +20,7 @@ import torch
 
 from rlkit import ops
 from rlkit.contract import NumericsContract
-from rlkit.kernels.logprob import SamplingParams
+from rlkit.types import SamplingParams
 from rlkit.model.checkpoint import weights_checksum
 from rlkit.model.qwen3 import Qwen3ForCausalLM
 from rlkit.train.grpo import policy_loss

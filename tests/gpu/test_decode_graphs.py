@@ -8,7 +8,8 @@ import torch
 from rlkit import NumericsContract
 from rlkit.bitwise import compare
 from rlkit.rollout.engine import EmbeddedEngine, EngineConfig
-from rlkit.rollout.types import GenerationRequest, SamplingConfig
+from rlkit.rollout.types import GenerationRequest
+from rlkit.types import SamplingParams
 from tests.gpu.test_parity_gpu import gpu_model
 
 pytestmark = pytest.mark.gpu
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.gpu
 def requests(n: int):
     g = torch.Generator().manual_seed(9)
     return [GenerationRequest(f"g{i}", tuple(torch.randint(0, 151_000, (8 + 37 * i % 300,), generator=g).tolist()),
-                              SamplingConfig(max_tokens=24 + 5 * i, seed=3, stop_token_ids=(),
+                              SamplingParams(max_tokens=24 + 5 * i, seed=3, stop_token_ids=(),
                                              temperature=0.7 if i % 3 == 0 else 1.0, top_p=0.9 if i % 3 == 0 else 1.0))
             for i in range(n)]
 

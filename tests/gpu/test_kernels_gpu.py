@@ -17,7 +17,7 @@ import torch
 from rlkit import NumericsContract
 from rlkit.bitwise import assert_bitwise_equal, compare
 from rlkit.kernels import attention, gemm, logprob, rms_norm, rope, swiglu
-from rlkit.kernels.attention import AttentionLayout
+from rlkit.types import AttentionLayout
 
 pytestmark = pytest.mark.gpu
 C = NumericsContract.default()
@@ -122,7 +122,7 @@ def test_logprob_close_fused_equals_engine_path_and_rows_invariant():
 
 
 def test_logprob_processed_rows_invariant():
-    from rlkit.kernels.logprob import SamplingParams
+    from rlkit.types import SamplingParams
     h, w = randn(40, 512, seed=15), randn(20_000, 512, scale=0.05, seed=16)
     ids = torch.randint(0, 20_000, (40,), device=DEV)
     for params in (SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.3, top_k=50)):

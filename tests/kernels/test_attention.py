@@ -11,8 +11,8 @@ from rlkit import NumericsContract
 from rlkit.bitwise import assert_bitwise_equal, compare
 from rlkit.contract import AttentionSpec
 from rlkit.kernels import attention
-from rlkit.kernels.attention import AttentionLayout
 from rlkit.kernels.errors import OpInputError
+from rlkit.types import AttentionLayout
 from tests.kernels.tolerances import REL_TOL, rel_err
 from tests.negative import require_native_difference
 
@@ -157,3 +157,21 @@ def test_bad_inputs():
         cache.write(0, 0, k, v)
         layout = AttentionLayout.paged(torch.tensor([1]), torch.tensor([40]), cache.block_table([0]))
         attention.reference(q[:1], cache.k, cache.v, layout, SMALL)
+
+
+def test_launch_plan_cache_keys_the_layout_weakly():
+    """The host-side launch plan is reused for every layer of a forward (same layout object, same
+    shapes) and dropped with its layout; it holds no reference back to the layout."""
+    import gc
+
+    c = NumericsContract.default()
+    q, k = torch.randn(10, 4, 16), torch.randn(10, 2, 16)
+    layout = AttentionLayout.prefill(torch.tensor([0, 4, 10]))
+    plan = attention.attention_plan(q.shape, k, layout, c)
+    assert attention.attention_plan(q.shape, k, layout, c) is plan
+    assert attention.attention_plan(q.shape, k, layout, c, mode="split") is not plan
+    assert all(v is not layout for v in plan.values())
+    n = len(attention._PLAN_CACHE)
+    del layout
+    gc.collect()
+    assert len(attention._PLAN_CACHE) == n - 1

@@ -89,3 +89,27 @@ def test_bad_inputs_name_the_op_and_shapes():
         gemm.reference(torch.randn(4, 18), torch.randn(3, 18), C)
     with pytest.raises(OpInputError, match="shards do not divide"):
         gemm.partial(torch.randn(4, 16), torch.randn(3, 16), C.replace(gemm=GemmSpec(k_chunks=2)), shards=4)
+
+
+def test_weight_chunk_cache_holds_its_weights_weakly_and_follows_in_place_updates():
+    """The fp32 chunk copies kept for inference: reused while the weight is unchanged, rebuilt after an
+    in-place update (same bits as an uncached call), and dropped with the weight."""
+    import gc
+
+    c = NumericsContract.default()
+    x = torch.randn(3, 256, dtype=torch.bfloat16)
+    w = torch.randn(64, 256, dtype=torch.bfloat16)
+    before = gemm.reference(x, w, c)
+    assert w in gemm._WEIGHT_CHUNKS
+    with torch.no_grad():
+        w.mul_(0.5)
+    after = gemm.reference(x, w, c)
+    assert_bitwise_equal(after, gemm.reference(x, w.clone(), c), "after an in-place update")
+    assert not torch.equal(before, after)
+    n = len(gemm._WEIGHT_CHUNKS)
+    del w
+    gc.collect()
+    assert len(gemm._WEIGHT_CHUNKS) == n - 1
+    w32 = torch.randn(64, 256)
+    gemm.reference(x.float(), w32, c.replace(gemm=GemmSpec(k_chunks=1)))  # the chunk is w32 itself
+    assert w32 not in gemm._WEIGHT_CHUNKS

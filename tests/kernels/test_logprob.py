@@ -12,7 +12,7 @@ from rlkit.bitwise import assert_bitwise_equal, compare
 from rlkit.contract import LogprobSpec
 from rlkit.kernels import logprob
 from rlkit.kernels.errors import OpInputError
-from rlkit.kernels.logprob import SamplingParams
+from rlkit.types import SamplingParams
 
 SMALL = NumericsContract.default().replace(logprob=LogprobSpec(vocab_chunk=1000, row_block=8))
 V, HID = 4321, 64
@@ -86,7 +86,7 @@ def test_native_logprob_vs_strict():
     """Negative control: the native path rounds logits to bf16 and uses the backend GEMM and
     log_softmax; against the strict path many tokens differ."""
     h, w, ids = make(33)
-    report = compare(logprob.native(h, w, ids), logprob.reference(h, w, ids, SMALL), "native vs strict")
+    report = compare(logprob.native(h, w, ids, SMALL), logprob.reference(h, w, ids, SMALL), "native vs strict")
     print(report)
     assert report.differing > 0
 

@@ -119,7 +119,7 @@ SMALL_LP = C.replace(logprob=LogprobSpec(vocab_chunk=1024, row_block=8))
 def test_logprob_chunks_tail_and_engine_path():
     """V = 4321: five vocab chunks of 1024 (the last one short) padded to an 8-leaf tree."""
     from rlkit.kernels import logprob
-    from rlkit.kernels.logprob import SamplingParams
+    from rlkit.types import SamplingParams
     h, w = torch.randn(20, 64, generator=g(13)), torch.randn(4321, 64, generator=g(14)) / 2
     ids = torch.randint(0, 4321, (20,), generator=g(15))
     out = logprob.triton_logprob(h, w, ids, SMALL_LP)
@@ -141,11 +141,11 @@ def test_row_cumsum_is_close_and_row_invariant():
     batch; the same call twice gives the same bits (V = 2500: three blocks of 1024, the last short)."""
     from rlkit.kernels import logprob
     x = torch.rand(5, 2500, generator=g(16))
-    out = logprob.triton_row_cumsum(x)
+    out = logprob.triton_row_cumsum(x, C)
     assert float((out - torch.cumsum(x, -1)).abs().max()) < 1e-3
     for r in (0, 4):
-        assert_bitwise_equal(logprob.triton_row_cumsum(x[r : r + 1]), out[r : r + 1], f"row {r} alone")
-    assert_bitwise_equal(logprob.triton_row_cumsum(x), out, "second call")
+        assert_bitwise_equal(logprob.triton_row_cumsum(x[r : r + 1], C), out[r : r + 1], f"row {r} alone")
+    assert_bitwise_equal(logprob.triton_row_cumsum(x, C), out, "second call")
 
 
 # -- attention ----------------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def test_attention_close_to_reference():
     (150 tokens cross two split (64) and nine block (16) boundaries, beside a 37-token neighbour)."""
     warnings.filterwarnings("ignore")
     from rlkit.kernels import attention
-    from rlkit.kernels.attention import AttentionLayout
+    from rlkit.types import AttentionLayout
     gen = g(16)
     q, k, v = (torch.randn(187, h, D, generator=gen) for h in (H, KVH, KVH))
     lay = AttentionLayout.prefill(torch.tensor([0, 37, 187]))
@@ -206,3 +206,22 @@ def test_attention_modes_layouts_and_pages_agree():
     lay = AttentionLayout.paged(torch.tensor([70]), torch.tensor([130]), table)
     assert_bitwise_equal(attention.triton_attention(a[0][60:130], kc, vc, lay, SMALL_ATT), alone[60:130],
                          "chunked prefill of [60, 130)")
+
+
+def test_launches_return_their_plan_and_leave_no_module_state():
+    """A launcher hands what it launched (kernel, plan, compiled kernel) back to the caller; the kernel
+    modules keep no per-launch record."""
+    warnings.filterwarnings("ignore")
+    from rlkit.kernels import attention, gemm
+    from rlkit.types import AttentionLayout
+    x, w = torch.randn(5, 128, generator=g(40)), torch.randn(96, 128, generator=g(41))
+    y, launches = gemm.triton_launch(x, w, C, 1, torch.float32)
+    assert [ln.kernel for ln in launches] == ["swapped"] and launches[0].plan["C"] == C.gemm.k_chunks
+    assert_bitwise_equal(gemm.triton_partial(x, w, C, 1, torch.float32), y, "triton_partial = triton_launch[0]")
+    q, k = torch.randn(20, H, D, generator=g(42)), torch.randn(20, KVH, D, generator=g(43))
+    lay = AttentionLayout.prefill(torch.tensor([0, 20]))
+    plan = attention.attention_plan(q.shape, k, lay, SMALL_ATT, "split")
+    out, launches = attention.launch(plan, q, k, k, SMALL_ATT)
+    assert [ln.kernel for ln in launches] == ["split", "merge"]
+    assert_bitwise_equal(attention.triton_attention(q, k, k, lay, SMALL_ATT, "split"), out, "launch vs triton_attention")
+    assert not hasattr(gemm, "LAST") and not hasattr(attention, "LAST") and not hasattr(gemm, "_RETIRED")

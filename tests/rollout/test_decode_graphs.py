@@ -9,7 +9,7 @@ import torch
 from rlkit import NumericsContract
 from rlkit.bitwise import assert_bitwise_equal
 from rlkit.model import build_model, preset
-from rlkit.rollout import EmbeddedEngine, EngineConfig, GenerationRequest, SamplingConfig
+from rlkit.rollout import EmbeddedEngine, EngineConfig, GenerationRequest, SamplingParams
 from rlkit.rollout.decode_graphs import DecodeGraphs, buckets_up_to
 
 
@@ -21,7 +21,7 @@ def model():
 def requests(n, max_tokens=9):
     g = torch.Generator().manual_seed(3)
     return [GenerationRequest(f"r{i}", tuple(torch.randint(0, 151_000, (4 + 7 * i,), generator=g).tolist()),
-                              SamplingConfig(max_tokens=max_tokens + i, seed=1, stop_token_ids=(),
+                              SamplingParams(max_tokens=max_tokens + i, seed=1, stop_token_ids=(),
                                              temperature=0.8 if i % 2 else 1.0))
             for i in range(n)]
 

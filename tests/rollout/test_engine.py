@@ -8,7 +8,7 @@ from rlkit import NumericsContract
 from rlkit.bitwise import assert_bitwise_equal
 from rlkit.model import build_model, preset
 from rlkit.model.checkpoint import weights_checksum
-from rlkit.rollout import EmbeddedEngine, EngineConfig, GenerationRequest, SamplingConfig
+from rlkit.rollout import EmbeddedEngine, EngineConfig, GenerationRequest, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def model():
 def req(rid, n_prompt, max_tokens=12, seed=0, **sampling):
     g = torch.Generator().manual_seed(hash(rid) % 2**31)
     prompt = tuple(torch.randint(0, 151_000, (n_prompt,), generator=g).tolist())
-    return GenerationRequest(rid, prompt, SamplingConfig(max_tokens=max_tokens, seed=seed, stop_token_ids=(),
+    return GenerationRequest(rid, prompt, SamplingParams(max_tokens=max_tokens, seed=seed, stop_token_ids=(),
                                                          **sampling))
 
 
@@ -57,7 +57,7 @@ def test_requests_joining_and_leaving_change_no_bits(model):
 def test_a_request_that_cannot_fit_fails_alone(model):
     engine = EmbeddedEngine(model, config=EngineConfig(num_pages=6, page_size=8, max_model_len=64))
     results = engine.generate([req("ok", 10, 8), req("too-long", 70, 4), req("no-pages", 40, 20),
-                               GenerationRequest("bad-id", (151_936,), SamplingConfig(max_tokens=2))])
+                               GenerationRequest("bad-id", (151_936,), SamplingParams(max_tokens=2))])
     by_id = {r.request_id: r for r in results}
     assert by_id["ok"].ok and len(by_id["ok"].token_ids) == 8
     assert "max_model_len=64" in by_id["too-long"].error
@@ -68,9 +68,9 @@ def test_a_request_that_cannot_fit_fails_alone(model):
 
 def test_stop_tokens_and_bad_sampling():
     with pytest.raises(ValueError, match="top_p"):
-        SamplingConfig(top_p=0)
+        SamplingParams(top_p=0)
     with pytest.raises(ValueError, match="max_tokens"):
-        SamplingConfig(max_tokens=0)
+        SamplingParams(max_tokens=0)
     with pytest.raises(ValueError, match="max_batch_tokens must be >= max_num_seqs"):
         EngineConfig(max_num_seqs=8, max_batch_tokens=4)
 

@@ -14,7 +14,8 @@ from rlkit.bitwise import assert_bitwise_equal, compare
 from rlkit.model import build_model, preset
 from rlkit.model.parallel import TensorParallel, shard_state_dict, unshard_state_dicts
 from rlkit.rollout.engine import EmbeddedEngine
-from rlkit.rollout.types import GenerationRequest, SamplingConfig
+from rlkit.rollout.types import GenerationRequest
+from rlkit.types import SamplingParams
 from tests.distributed import run_ranks
 
 SEED = 3
@@ -24,7 +25,7 @@ STRICT, NATIVE = NumericsContract.default(), NumericsContract.native()
 def requests() -> list[GenerationRequest]:
     g = torch.Generator().manual_seed(2)
     return [GenerationRequest(f"t{i}", tuple(torch.randint(0, 151_000, (n,), generator=g).tolist()),
-                              SamplingConfig(max_tokens=m, seed=i, temperature=0.9, top_p=0.95), logprobs_mode="both")
+                              SamplingParams(max_tokens=m, seed=i, temperature=0.9, top_p=0.95), logprobs_mode="both")
             for i, (n, m) in enumerate([(6, 9), (21, 7), (3, 12)])]
 
 

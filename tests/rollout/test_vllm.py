@@ -35,12 +35,12 @@ import torch
 from rlkit import ops
 from rlkit.bitwise import assert_bitwise_equal, compare
 from rlkit.contract import NumericsContract
-from rlkit.kernels.logprob import SamplingParams
 from rlkit.model import build_model, preset
 from rlkit.model.checkpoint import weights_checksum
 from rlkit.rollout.engine import EmbeddedEngine
-from rlkit.rollout.types import GenerationRequest, SamplingConfig
+from rlkit.rollout.types import GenerationRequest
 from rlkit.train.recompute import response_logprobs
+from rlkit.types import SamplingParams
 from tests.negative import require_native_difference
 
 pytestmark = pytest.mark.vllm
@@ -54,7 +54,7 @@ BUDGET = 32
 
 
 def requests(tag: str, max_tokens: int = 8) -> list[GenerationRequest]:
-    sampling = SamplingConfig(temperature=0.9, top_k=0, top_p=0.95, max_tokens=max_tokens, seed=7)
+    sampling = SamplingParams(temperature=0.9, top_k=0, top_p=0.95, max_tokens=max_tokens, seed=7)
     return [GenerationRequest(f"{tag}-{i}", tuple(range(1000 + 13 * i, 1000 + 13 * i + n)), sampling,
                               logprobs_mode="both") for i, n in enumerate(PROMPT_LENS)]
 

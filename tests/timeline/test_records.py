@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from rlkit.divergence import logprob_divergence
-from rlkit.rollout.types import GenerationResult, SamplingConfig
+from rlkit.rollout.types import GenerationResult
 from rlkit.timeline import (CheckpointRef, Recompute, RecordError, RolloutRecord, StepSummary, SyncEvent,
                             ToggleEvent, ToggleRequest, WeightVersion)
 from rlkit.timeline.records import bitwise_differences
+from rlkit.types import SamplingParams
 from tests.timeline.fakes import FP, SPECIAL, assert_record_bitwise, bits, make_step
 
 SAMPLING = {"temperature": 0.7, "top_k": 20, "top_p": 0.95, "max_tokens": 8, "seed": 3}
@@ -109,7 +110,7 @@ def test_from_generation_takes_the_chosen_logprobs_and_the_sampling_config():
     result = GenerationResult("req", [1, 2], [7, 8], raw_logprobs=[-0.5, -0.0], processed_logprobs=[-0.25, 0.0],
                               finish_reason="length", weight_version=3, contract_fingerprint=FP,
                               engine_id="engine-1")
-    cfg = SamplingConfig(temperature=0.5, top_k=4, max_tokens=2, seed=9)
+    cfg = SamplingParams(temperature=0.5, top_k=4, max_tokens=2, seed=9)
     rec = RolloutRecord.from_generation(result, step=3, prompt_id="p9", sample_index=1, reward=0.0, sampling=cfg)
     assert (rec.record_id, rec.weight_version, rec.engine_id) == ("s3/p9/1", 3, "engine-1")
     assert (bits(rec.rollout_logprobs) == bits([-0.5, -0.0])).all()

@@ -26,9 +26,10 @@ from rlkit import NumericsContract
 from rlkit.bitwise import assert_bitwise_equal, compare
 from rlkit.model import build_model, preset
 from rlkit.rollout.engine import EmbeddedEngine
-from rlkit.rollout.types import GenerationRequest, SamplingConfig
+from rlkit.rollout.types import GenerationRequest
 from rlkit.train.trainer import OptimConfig
 from rlkit.train.megatron import convert
+from rlkit.types import SamplingParams
 from tests.distributed import run_ranks
 from tests.negative import require_native_difference
 
@@ -45,7 +46,7 @@ SAMPLING = dict(temperature=0.9, top_p=0.95)
 def _requests() -> list[GenerationRequest]:
     g = torch.Generator().manual_seed(1)
     return [GenerationRequest(f"r{i}", tuple(torch.randint(0, 151_000, (n,), generator=g).tolist()),
-                              SamplingConfig(max_tokens=m, seed=i, **SAMPLING), logprobs_mode="both")
+                              SamplingParams(max_tokens=m, seed=i, **SAMPLING), logprobs_mode="both")
             for i, (n, m) in enumerate(PROMPTS)]
 
 
@@ -77,7 +78,6 @@ def rollouts() -> dict:
 def _rank(rank, world, tp, pp, jobs, train_job):
     """Build the trainer per dtype, recompute every job's logprobs (strict / native), run one GRPO
     step on `train_job` and return everything the tests compare."""
-    from rlkit.kernels.logprob import SamplingParams
     from rlkit.train.megatron import MegatronTrainConfig, MegatronTrainer, TrainBatch
 
     out = {"logprobs": {}, "shards": {}}

@@ -38,7 +38,7 @@ from vllm.v1.attention.backend import (
 )
 
 from rlkit import ops
-from rlkit.kernels.attention import AttentionLayout
+from rlkit.types import AttentionLayout
 
 
 def split_kv(kv_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,7 +31,7 @@ when a request asks for `logprobs >= 1`, column 1 carries the *same* token's log
 semantics (not a top-1 alternative: the strict sampler records no alternatives). VllmEngine reads both
 columns through `flat_logprobs=True`, which keeps the duplicate token id.
 
-`compute_logprobs` (used by vLLM for prompt logprobs) is rlkit's strict raw log-softmax too:
+`compute_logprobs` (used by vLLM for prompt logprobs) is `rlkit.ops.log_softmax`: on the strict path
 z - lse(z) elementwise, the same expression `logprob_from_logits` evaluates for one token.
 """
 
@@ -43,9 +43,8 @@ from vllm.v1.sample.sampler import Sampler
 
 from rlkit import ops
 from rlkit.contract import NumericsContract
-from rlkit.kernels import logprob as _logprob
-from rlkit.kernels.logprob import SamplingParams
 from rlkit.rollout.sampling import request_generator, sample_token
+from rlkit.types import SamplingParams
 
 SEED_KEY = "rlkit_seed"
 REQUEST_ID_KEY = "rlkit_request_id"
@@ -103,12 +102,10 @@ class RlkitSampler(Sampler):
 
     # -- vLLM's sampler interface -----------------------------------------------------------------
     def compute_logprobs(self, logits: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if self.contract.path("logprob") != "strict":
-            return super().compute_logprobs(logits)
-        z = logits.to(torch.float32)
+        """Prompt logprobs: `ops.log_softmax` under the engine's contract (native: torch.log_softmax in
+        fp32, what vLLM's own sampler computes)."""
         with ops.use_contract(self.contract):
-            total = _logprob.lse(z, self.contract).unsqueeze(-1)
-        return torch.where(torch.isinf(z), z, z - total)
+            return ops.log_softmax(logits.to(torch.float32))
 
     def forward(self, logits: torch.Tensor, sampling_metadata, predict_bonus_token: bool = False,
                 logprobs_mode_override=None) -> SamplerOutput:
@@ -147,7 +144,7 @@ class RlkitSampler(Sampler):
                 if two_columns:
                     cols[i, 1] = second[0]
                 # rank in the primary distribution (log-softmax is monotonic in the logits)
-                z = raw[i] if primary_raw else _logprob.process_logits(row, params)[0]
+                z = raw[i] if primary_raw else ops.process_logits(row, params)[0]
                 ranks[i] = (z > z[token]).sum() + 1
         self._prune()
         logprobs_tensors = None

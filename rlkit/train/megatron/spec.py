@@ -63,18 +63,18 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 
 from rlkit import ops
-from rlkit.kernels import collectives
-from rlkit.kernels.attention import AttentionLayout
 from rlkit.model.config import Qwen3Config
+from rlkit.types import AttentionLayout
 
 
 # -- autograd: strict forward, plain fp32 backward ----------------------------------------------------
 def _canonical_all_reduce(t: torch.Tensor, group) -> torch.Tensor:
-    """Sum over the TP group by the contract's canonical tree (fp32 wire), rounded back to t's dtype.
-    Every rank gets the same bits, so TP-replicated parameters stay identical after an update."""
+    """Sum over the TP group by `ops.reduce_sum` under the active contract (strict: the canonical tree,
+    fp32 wire, rounded back to t's dtype; every rank gets the same bits, so TP-replicated parameters
+    stay identical after an update)."""
     if group is None or dist.get_world_size(group) == 1:
         return t
-    return collectives.reference(t.float(), group).to(t.dtype)
+    return ops.reduce_sum(t, group)
 
 
 class _ColumnLinear(torch.autograd.Function):

@@ -53,8 +53,6 @@ from rlkit import ops
 from rlkit.bitwise import differs
 from rlkit.contract import NumericsContract
 from rlkit.distributed import free_port
-from rlkit.kernels import collectives
-from rlkit.kernels.logprob import SamplingParams
 from rlkit.model.checkpoint import weights_checksum
 from rlkit.model.config import Qwen3Config
 from rlkit.train.grpo import policy_loss
@@ -63,6 +61,7 @@ from rlkit.train.megatron.cpu_shim import megatron_cpu_shim
 from rlkit.train.megatron.spec import build_gpt_model
 from rlkit.train.recompute import check_batch, pack_order
 from rlkit.train.trainer import OptimConfig, TrainBatch  # noqa: F401 - TrainBatch re-exported
+from rlkit.types import SamplingParams
 
 # Replicated over TP, yet each rank's gradient covers only its own heads: summed over TP after backward.
 _TP_PARTIAL_GRAD = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
@@ -128,8 +127,9 @@ class _GatherVocab(torch.autograd.Function):
 
 
 def _canonical_sum_(t: torch.Tensor, group) -> None:
-    """In place: t = the canonical-tree sum of t over `group` (identical bits on every member)."""
-    t.copy_(collectives.reference(t.float(), group).to(t.dtype))
+    """In place: t = the sum of t over `group` by `ops.reduce_sum` under the active contract (strict:
+    the canonical tree, identical bits on every member)."""
+    t.copy_(ops.reduce_sum(t, group))
 
 
 class MegatronTrainer:
@@ -316,7 +316,7 @@ class MegatronTrainer:
                 continue
             sq += p.grad.float().pow(2).sum()
         if dist.get_world_size() > 1:
-            sq = collectives.reference(sq, parallel_state.get_model_parallel_group())
+            sq = ops.reduce_sum(sq, parallel_state.get_model_parallel_group())
         return float(sq.sqrt())
 
     def set_contract(self, contract: NumericsContract) -> None:
@@ -365,8 +365,9 @@ class MegatronTrainer:
                                           float(delta.max()) if delta.numel() else 0.0],
                                          dtype=torch.float32, device=self.device)
             self._pipeline_backward(keep)
-        self._sync_grads()
-        grad_norm = self._grad_norm()
+        with self._scope():  # the gradient reductions follow the contract's all_reduce path too
+            self._sync_grads()
+            grad_norm = self._grad_norm()
         scale = 1.0
         if self.config.optim.grad_clip and grad_norm > self.config.optim.grad_clip:
             scale = self.config.optim.grad_clip / (grad_norm + 1e-6)
