@@ -14,7 +14,8 @@ For the Qwen3-8B, 1.7B and 0.6B projection shapes and M in {1, 8, 64, 256, 1024,
   the M = 1 product), for every implementation; probe == k1 for every shape and M; at M = 200 every tile
   configuration in CROSS_CONFIGS (including rlkit's launcher under plan overrides) == k1.
 
-    PYTHONPATH=. PROBE_COMMIT=<sha> python lab/gemm_probe_h200.py [--models 8b,1.7b,0.6b] [--budget-s 330]
+    python3 -m pip install -q --no-deps --no-build-isolation -e .    # once per fresh machine, offline
+    PROBE_COMMIT=<sha> python lab/gemm_probe_h200.py [--models 8b,1.7b,0.6b] [--budget-s 330]
     python lab/gemm_probe_h200.py --dry      # CPU, TRITON_INTERPRET=1, tiny shapes: the script's logic only
 
 Writes $OUT/gemm_probe.jsonl and .csv (long format: op, implementation, shape, M, metric, median_us,
@@ -35,25 +36,13 @@ DRY = "--dry" in sys.argv
 if DRY:  # must precede the first import of triton
     os.environ["TRITON_INTERPRET"] = "1"
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-try:  # installed (pip install -e .): kernels/ is rlkit.kernels through pyproject's package-dir
-    import rlkit.kernels.gemm  # noqa: F401
-
-    IMPORT_ROUTE = "installed"
-except ModuleNotFoundError:  # only the repository on sys.path: map kernels/ by hand
-    from tests.gpu.bootstrap import ensure_rlkit_kernels
-
-    ensure_rlkit_kernels()
-    IMPORT_ROUTE = "tests/gpu/bootstrap.py"
-
+IMPORT_ROUTE = "installed"  # `pip install --no-deps --no-build-isolation -e .` first (docs/VALIDATION.md)
 from rlkit.bitwise import compare  # noqa: E402
 from rlkit.contract import GemmSpec, NumericsContract  # noqa: E402
 from rlkit.kernels import gemm  # noqa: E402
@@ -347,10 +336,11 @@ def main() -> int:
                 torch.cuda.empty_cache()
     for name, info in COMPILED.items():
         LOG(f"compiled {name}: {info}")
-    for key in ("swapped", "tiles"):
-        ck = gemm.LAST.get(key)
-        if ck is not None and hasattr(ck, "n_regs"):
-            LOG(f"compiled rlkit {key} (last launch): {ck.n_regs} regs, {ck.n_spills} spills")
+    if not DRY:  # what rlkit's launcher compiled for a decode and a training shape (its Launch records)
+        w = torch.randn(4096, 4096, device="cuda", dtype=DTYPE)
+        for m in (1, 1024):
+            for launch in gemm.triton_launch(torch.randn(m, 4096, device="cuda", dtype=DTYPE), w, V1, 1, DTYPE)[1]:
+                LOG(f"compiled rlkit {launch.kernel} (M={m}): {launch.registers} regs, {launch.spills} spills")
     _write(out, rows, cross_res)
     LOG(f"\nwall {time.time() - t_start:.0f} s")
     _summary(table, cross_res)
