@@ -22,11 +22,7 @@ from __future__ import annotations
 
 import torch
 
-MODEL_ARCH = "RlkitQwen3ForCausalLM"
-ATTENTION_BACKEND = "RLKIT_STRICT"
-CONTRACT_KEY = "rlkit_contract"
-"""The hf_config attribute (set through hf_overrides) that carries the engine's contract as JSON."""
-WORKER_EXTENSION = "rlkit.rollout.vllm_plugin.worker.RlkitWorkerExtension"
+from rlkit.rollout.vllm_plugin.names import ATTENTION_BACKEND, CONTRACT_KEY, MODEL_ARCH, WORKER_EXTENSION
 
 _registered = False
 

@@ -32,7 +32,7 @@ from rlkit import ops
 from rlkit.contract import NumericsContract
 from rlkit.model.config import Qwen3Config
 from rlkit.model.qwen3 import ForwardBatch, Qwen3ForCausalLM
-from rlkit.rollout.vllm_plugin import CONTRACT_KEY
+from rlkit.rollout.vllm_plugin.names import CONTRACT_KEY
 from rlkit.rollout.vllm_plugin.attention import RlkitAttentionBackend
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float16: "float16"}

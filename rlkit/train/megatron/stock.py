@@ -24,7 +24,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
 from rlkit.model.config import Qwen3Config
-from rlkit.train.megatron import convert
+import rlkit.train.megatron.convert as convert
 from rlkit.train.megatron.cpu_shim import megatron_cpu_shim
 from rlkit.train.megatron.spec import transformer_config
 from rlkit.train.megatron.trainer import initialize_parallel

@@ -56,7 +56,7 @@ from rlkit.distributed import free_port
 from rlkit.model.checkpoint import weights_checksum
 from rlkit.model.config import Qwen3Config
 from rlkit.train.grpo import policy_loss
-from rlkit.train.megatron import convert
+import rlkit.train.megatron.convert as convert
 from rlkit.train.megatron.cpu_shim import megatron_cpu_shim
 from rlkit.train.megatron.spec import build_gpt_model
 from rlkit.train.recompute import check_batch, pack_order
