@@ -20,6 +20,8 @@ capture and reports the first (layer, op) whose outputs differ from the trainer'
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import sys
 from dataclasses import dataclass, field, fields
@@ -152,7 +154,8 @@ def build_rollout(settings: ParitySettings, model, contract):
 def run_parity(settings: ParitySettings, log=None) -> ParityReport:
     log = log or (lambda msg: print(msg, file=sys.stderr))
     contract = settings.build_contract()
-    run, _ = settings.run.with_resolved_dtype()
+    run, _ = settings.run.with_resolved_dtype()  # "auto": this device's dtype, named in the report
+    settings = dataclasses.replace(settings, run=run)
     cfg = preset(run.model).with_dtype(run.dtype)
     log(f"building {run.model} ({cfg.num_parameters() / 1e6:.1f} M params, {cfg.dtype}) on {run.device}")
     model = build_model(cfg, seed=run.seed, device=run.device)

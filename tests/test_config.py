@@ -80,7 +80,7 @@ def test_contract_applies_path_then_ops():
     ({"ops": {"softmax": "native"}}, "ops softmax=native"),
     ({"ops": {"attention": "fast"}}, "ops attention=fast"),
     ({"ops": "attention"}, "ops='attention'"),
-    ({"dtype": "bf16"}, "dtype='bf16' (bfloat16 | float32)"),  # one spelling: the CLI maps bf16 before
+    ({"dtype": "bf16"}, "dtype='bf16' (bfloat16 | float32 | auto)"),  # one spelling: the CLI maps bf16 before
     ({"task": "mmlu"}, "task='mmlu'"),
     ({"runner": "slurm"}, "runner='slurm'"),
     ({"rollout_tp": 2}, "rollout_tp=2 needs runner='ray'"),
@@ -130,8 +130,8 @@ def test_parity_settings_take_their_shared_fields_from_a_run_config():
     paths = s.build_contract().op_paths()
     assert paths["linear"] == "strict" and paths["attention"] == "native"
     default = ParitySettings()
-    assert (default.run.model, default.run.dtype, default.run.max_tokens, default.prompts) == ("tiny", "bfloat16", 128, 16)
-    with pytest.raises(ValueError, match=r"dtype='fp32' \(bfloat16 \| float32\)"):
+    assert (default.run.model, default.run.dtype, default.run.max_tokens, default.prompts) == ("tiny", "auto", 128, 16)
+    with pytest.raises(ValueError, match=r"dtype='fp32' \(bfloat16 \| float32 \| auto\)"):
         parity_settings(dtype="fp32")  # one spelling
     with pytest.raises(ValueError, match="--rollout 'sglang'"):
         parity_settings(rollout="sglang")
