@@ -95,6 +95,7 @@ def test_weight_chunk_cache_holds_its_weights_weakly_and_follows_in_place_update
     """The fp32 chunk copies kept for inference: reused while the weight is unchanged, rebuilt after an
     in-place update (same bits as an uncached call), and dropped with the weight."""
     import gc
+    import weakref
 
     c = NumericsContract.default()
     x = torch.randn(3, 256, dtype=torch.bfloat16)
@@ -107,9 +108,12 @@ def test_weight_chunk_cache_holds_its_weights_weakly_and_follows_in_place_update
     assert_bitwise_equal(after, gemm.reference(x, w.clone(), c), "after an in-place update")
     assert not torch.equal(before, after)
     n = len(gemm._WEIGHT_CHUNKS)
+    alive = weakref.ref(w)
     del w
     gc.collect()
-    assert len(gemm._WEIGHT_CHUNKS) == n - 1
+    assert alive() is None, "the chunk cache kept its weight alive"
+    # <=: the uncached call's temporary clone above may leave the cache in the same collection
+    assert len(gemm._WEIGHT_CHUNKS) <= n - 1
     w32 = torch.randn(64, 256)
     gemm.reference(x.float(), w32, c.replace(gemm=GemmSpec(k_chunks=1)))  # the chunk is w32 itself
     assert w32 not in gemm._WEIGHT_CHUNKS
