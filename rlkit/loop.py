@@ -67,6 +67,8 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
     contract = rundir.contract_at(cfg, toggles, start)
     runner, resyncs = None, []
     try:
+        if cfg.threads:  # before the warm start too: two lab runs side by side must not oversubscribe 2 cores
+            torch.set_num_threads(cfg.threads)
         model = seeded_model(cfg)
         tok = load_tokenizer()
         if store is None:
