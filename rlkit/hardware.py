@@ -57,20 +57,23 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile",
 
 
 @functools.lru_cache(maxsize=1)
-def _cpuinfo() -> tuple[str, frozenset[str]]:
-    model, flags = _py_platform.processor() or _py_platform.machine(), frozenset()
+def _cpuinfo() -> tuple[str, frozenset[str], str]:
+    """(model name, flags, vendor id) of the first CPU in /proc/cpuinfo."""
+    model, flags, vendor = _py_platform.processor() or _py_platform.machine(), frozenset(), ""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return model, flags
-    for line in text.splitlines():
+        return model, flags, vendor
+    for line in text.split("\n\n", 1)[0].splitlines():
         key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and value.strip():
-            model = value.strip()
+        key, value = key.strip(), value.strip()
+        if key == "model name" and value:
+            model = value
         elif key == "flags":
             flags = frozenset(value.split())
-    return model, flags
+        elif key == "vendor_id":
+            vendor = value
+    return model, flags, vendor
 
 
 def cpu_model() -> str:
@@ -83,14 +86,7 @@ def cpu_flags() -> frozenset[str]:
 
 def cpu_vendor() -> str:
     """GenuineIntel, AuthenticAMD, ... (empty where /proc/cpuinfo does not say)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "vendor_id":
-                return value.strip()
-    except OSError:
-        pass
-    return ""
+    return _cpuinfo()[2]
 
 
 def has_native_bf16() -> bool:

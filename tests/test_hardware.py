@@ -13,7 +13,7 @@ from rlkit.config import RunConfig
     ({"avx2", "avx512f", "amx_tile", "amx_bf16"}, "bfloat16"),
 ])
 def test_cpu_dtype_follows_the_native_bf16_units(monkeypatch, flags, expected):
-    monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("test CPU", frozenset(flags)))
+    monkeypatch.setattr(hardware, "_cpuinfo", lambda: ("test CPU", frozenset(flags), "GenuineIntel"))
     dtype, why = hardware.default_dtype("cpu")
     assert dtype == expected, why
     cfg, reason = RunConfig().with_resolved_dtype()
