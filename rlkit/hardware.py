@@ -129,11 +129,14 @@ def numpy_openblas_core() -> str | None:
     return None
 
 
-def _torch_build_line(prefix: str) -> str | None:
-    for line in torch.__config__.show().splitlines():
-        if line.strip().startswith(prefix):
-            return line.strip()[len(prefix):].strip()
-    return None
+def _build_version(pattern: str) -> str:
+    """A library version from torch's build description (`torch.__config__.show()`), or "none"."""
+    found = re.search(pattern, torch.__config__.show())
+    return found.group(1) if found else "none"
+
+
+MKL_VERSION = r"Math Kernel Library Version ([\d.]+)"
+ONEDNN_VERSION = r"(?:oneDNN|MKL-DNN) v([\d.]+)"
 
 
 def describe() -> dict:
@@ -147,7 +150,7 @@ def describe() -> dict:
         "torch": torch.__version__,
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch_blas": "MKL" if torch.backends.mkl.is_available() else "other",
-        "onednn": _torch_build_line("- Intel(R) MKL-DNN") if torch.backends.mkldnn.is_available() else None,
+        "onednn": _build_version(ONEDNN_VERSION),
         "numpy_openblas_core": numpy_openblas_core(),
     }
 
@@ -176,13 +179,10 @@ def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 def cpu_platform() -> dict[str, str]:
     """What this process's CPU bits depend on besides rlkit: torch and its MKL / oneDNN builds, ATen's
     instruction set and the CPU-related variables as this process sees them."""
-    build = torch.__config__.show()
-    mkl = re.search(r"Math Kernel Library Version ([\d.]+)", build)
-    onednn = re.search(r"(?:oneDNN|MKL-DNN) v([\d.]+)", build)
     return {
         "torch": torch.__version__,
-        "mkl": mkl.group(1) if mkl else "none",
-        "onednn": onednn.group(1) if onednn else "none",
+        "mkl": _build_version(MKL_VERSION),
+        "onednn": _build_version(ONEDNN_VERSION),
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         **{name: os.environ.get(name, "") for name in REPRODUCIBLE_CPU_ENV},
         "machine": _py_platform.machine(),

@@ -64,8 +64,7 @@ def split_requests(requests: Sequence[GenerationRequest], cfg: RunConfig) -> lis
 
 def seeded_model(cfg: RunConfig) -> Qwen3ForCausalLM:
     """The seeded model a run starts from, before its warm start (rlkit/train/warm_start.py, which the loop
-    runs when the config asks for one)."""
-    cfg, _ = cfg.with_resolved_dtype()
+    runs when the config asks for one). The dtype is concrete here: the loop resolves "auto" once."""
     return build_model(preset(cfg.model).with_dtype(cfg.dtype), seed=cfg.seed, device=cfg.device)
 
 

@@ -20,8 +20,7 @@ from rlkit.train.trainer import TrainBatch
 
 class LocalRunner:
     def __init__(self, cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract):
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        # the torch thread count (cfg.threads) is this process's: rlkit/loop.py sets it before the model
         self.cfg = cfg
         self.engines = [EmbeddedEngine(engine_copy(model), contract, cfg.engine, engine_id=f"engine-{i}")
                         for i in range(cfg.engines)]
