@@ -1,7 +1,9 @@
 """Strict GEMM: y = x @ w.T with the contract's canonical K reduction.
 
-Contract (GemmSpec): K is cut into `k_chunks` equal contiguous chunks; each chunk's partial sum is fp32;
-the partials merge in the canonical pairwise tree (kernels/tree.py) in fp32; the result is rounded once.
+Contract (GemmSpec): K is cut into `chunk_count(contract, row_parallel)` equal contiguous chunks (`k_chunks` for
+the row-parallel layers, whose K tensor parallelism splits; `column_k_chunks` for every other GEMM); each
+chunk's partial sum is fp32; the partials merge in the canonical pairwise tree (kernels/tree.py) in fp32;
+the result is rounded once. With one chunk the sum is one fp32 chain over K in K order.
 
 CPU reference: each chunk partial comes from the backend's fp32 GEMM, but every call has exactly
 `row_tile` rows (padded with zero rows), so the backend's blocking, and therefore each row's order of
@@ -44,11 +46,21 @@ def check_inputs(x: torch.Tensor, w: torch.Tensor) -> None:
             f"with K = w.shape[1] = {w.shape[1]}")
 
 
-def _chunk_bounds(k: int, chunks: int, contract: NumericsContract) -> list[tuple[int, int]]:
+def chunk_count(contract: NumericsContract, row_parallel: bool) -> int:
+    """K chunks of a row-parallel layer (gemm.k_chunks: TP splits its K) or of any other GEMM
+    (gemm.column_k_chunks; None, as in contract versions 1 and 2: the same as gemm.k_chunks)."""
+    spec = contract.gemm
+    if row_parallel or spec.column_k_chunks is None:
+        return spec.k_chunks
+    return spec.column_k_chunks
+
+
+def _chunk_bounds(k: int, chunks: int, contract: NumericsContract, row_parallel: bool) -> list[tuple[int, int]]:
     if k % chunks:
+        field = "k_chunks" if row_parallel or contract.gemm.column_k_chunks is None else "column_k_chunks"
         raise OpInputError(
-            OP, f"K={k} is not divisible into {chunks} equal chunks (contract gemm.k_chunks="
-            f"{contract.gemm.k_chunks}); strict GEMM needs K to be a multiple of the chunk count")
+            OP, f"K={k} is not divisible into {chunks} equal chunks (contract gemm.{field}="
+            f"{chunk_count(contract, row_parallel)}); strict GEMM needs K to be a multiple of the chunk count")
     size = k // chunks
     return [(c * size, (c + 1) * size) for c in range(chunks)]
 
@@ -86,18 +98,29 @@ def _weight_chunks(w: torch.Tensor, bounds: list[tuple[int, int]]) -> list[torch
     return chunks
 
 
-def partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1) -> torch.Tensor:
-    """fp32 partial sum of this shard's K range: the tree over its k_chunks/shards chunks, unrounded.
-
-    With shards=1 (the whole K) this is the full fp32 result before its single rounding.
-    """
-    check_inputs(x, w)
-    chunks_total = contract.gemm.k_chunks
+def _check_shards(contract: NumericsContract, shards: int, row_parallel: bool) -> int:
+    """The chunk count of the whole K; refuses a shard count the tree cannot split evenly."""
+    chunks_total = chunk_count(contract, row_parallel)
+    if shards > 1 and not row_parallel:
+        raise OpInputError(OP, f"{shards} K shards of a column-parallel GEMM: only row-parallel layers "
+                               f"split K over ranks")
     if shards < 1 or chunks_total % shards:
         raise OpInputError(
             OP, f"{shards} row-parallel shards do not divide gemm.k_chunks={chunks_total}; use a TP size "
             f"that divides it (or a contract with more chunks)")
-    bounds = _chunk_bounds(w.shape[1], chunks_total // shards, contract)
+    return chunks_total
+
+
+def partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1,
+            row_parallel: bool = False) -> torch.Tensor:
+    """fp32 partial sum of this shard's K range: the tree over its chunks/shards chunks, unrounded
+    (`row_parallel`: the layer's chunk count is gemm.k_chunks, else gemm.column_k_chunks).
+
+    With shards=1 (the whole K) this is the full fp32 result before its single rounding.
+    """
+    check_inputs(x, w)
+    chunks_total = _check_shards(contract, shards, row_parallel)
+    bounds = _chunk_bounds(w.shape[1], chunks_total // shards, contract, row_parallel)
     lead = x.shape[:-1]
     x2d = x.reshape(-1, x.shape[-1]).float()
     tile = contract.gemm.row_tile
@@ -114,9 +137,9 @@ def partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
-              out_dtype: torch.dtype | None = None) -> torch.Tensor:
+              out_dtype: torch.dtype | None = None, row_parallel: bool = False) -> torch.Tensor:
     """Strict y = x @ w.T, rounded once to `out_dtype` (default: x's dtype)."""
-    return partial(x, w, contract).to(out_dtype or x.dtype)
+    return partial(x, w, contract, 1, row_parallel).to(out_dtype or x.dtype)
 
 
 def native(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -384,30 +407,132 @@ def _stash_tile(x_ptr, w_ptr, y_ptr, s0, s1, s2, loc, tile, M, N, KC, stride_x, 
     tl.store(y_ptr + y_offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@jit
+def _grouped_origin(tile, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """First row and column of tile `tile` in grouped order (as `_grouped_tile`)."""
+    n_m = tl.cdiv(M, BM)
+    width = GROUP_M * tl.cdiv(N, BN)
+    first_m = (tile // width) * GROUP_M
+    group_rows = tl.minimum(n_m - first_m, GROUP_M)
+    return (first_m + (tile % width) % group_rows) * BM, ((tile % width) // group_rows) * BN
+
+
+@jit
+def _tma_chain(x_desc, w_desc, off_m, off_n, k_lo, KC, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """fp32 [BM, BN] = sum over k in [k_lo, k_lo + KC) of x[off_m + i, k] * w[off_n + j, k]: one
+    accumulator from zero, BK-wide steps in K order (TMA loads; rows and columns past the tensor's edge
+    come back as zeros and are never stored)."""
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(k_lo, k_lo + KC, BK):
+        a = x_desc.load([off_m, k0])
+        b = w_desc.load([off_n, k0])
+        acc = tl.dot(a, b.T, acc)
+    return acc
+
+
+@jit
+def _tma_tree(x_desc, w_desc, off_m, off_n, KC, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              BK: tl.constexpr):
+    """The C chunk sums of one tile, added in registers in the pairwise tree (C in 1, 2, 4): at most three
+    accumulators live (C = 4: (c0 + c1) waits while c2 and c3 are summed)."""
+    if C == 1:
+        tot = _tma_chain(x_desc, w_desc, off_m, off_n, 0, KC, BM, BN, BK)
+    elif C == 2:
+        c0 = _tma_chain(x_desc, w_desc, off_m, off_n, 0, KC, BM, BN, BK)
+        tot = c0 + _tma_chain(x_desc, w_desc, off_m, off_n, KC, KC, BM, BN, BK)
+    else:
+        c0 = _tma_chain(x_desc, w_desc, off_m, off_n, 0, KC, BM, BN, BK)
+        s01 = c0 + _tma_chain(x_desc, w_desc, off_m, off_n, KC, KC, BM, BN, BK)
+        c2 = _tma_chain(x_desc, w_desc, off_m, off_n, 2 * KC, KC, BM, BN, BK)
+        tot = s01 + (c2 + _tma_chain(x_desc, w_desc, off_m, off_n, 3 * KC, KC, BM, BN, BK))
+    return tot
+
+
+@jit(do_not_specialize=["M", "programs"])
+def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_y, programs,
+                     C: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                     BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """Hopper GEMM by TMA tiles. SPLIT=False: a persistent grid of `programs`, each walking the output
+    tiles pid, pid + programs, ... in grouped order and adding a tile's C chunk sums in registers.
+    SPLIT=True (few tiles, C > 1): program (tile, chunk) sums one chunk; the last of a tile's C programs
+    adds the C fp32 partials in the tree (`_arrive_and_combine`). Same chains, same tree: same bits."""
+    if SPLIT:
+        tile = tl.program_id(0)
+        chunk = tl.program_id(1)
+        off_m, off_n = _grouped_origin(tile, M, N, BM, BN, GROUP_M)
+        part = _tma_chain(x_desc, w_desc, off_m, off_n, chunk * KC, KC, BM, BN, BK)
+        offs_m = off_m + tl.arange(0, BM)
+        offs_n = off_n + tl.arange(0, BN)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        _arrive_and_combine(part, chunk, ws_ptr, offs_m[:, None].to(tl.int64) * N + offs_n[None, :], mask,
+                            (tl.full([], 0, tl.int64) + M) * N, cnt_ptr + tile, y_ptr,
+                            offs_m[:, None].to(tl.int64) * stride_y + offs_n[None, :], C)
+    else:
+        tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+        for tile in tl.range(tl.program_id(0), tiles, programs, flatten=False):
+            off_m, off_n = _grouped_origin(tile, M, N, BM, BN, GROUP_M)
+            tot = _tma_tree(x_desc, w_desc, off_m, off_n, KC, C, BM, BN, BK)
+            offs_m = off_m + tl.arange(0, BM)
+            offs_n = off_n + tl.arange(0, BN)
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            tl.store(y_ptr + offs_m[:, None].to(tl.int64) * stride_y + offs_n[None, :],
+                     tot.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 # -- launch plans: which kernel and tile for a shape. None of these choices changes a bit (see above).
 SMALL_M = 64
 """M <= SMALL_M runs the swapped (decode) kernel."""
 
+TMA_CHUNKS = (1, 2, 4)
+"""Chunk counts the TMA kernel adds in registers (C = 8 goes to the pointer-load split kernel)."""
 
-def plan(m: int, n: int, device: torch.device, override: dict | None = None) -> dict:
-    """Launch configuration for an [m, K] x [n, K]^T product, fixed per M range (measured on the H200,
-    lab/KERNELS_NOTES.md; none of these choices changes a bit, tests/gpu prove it):
-    - M <= 16: swapped, 128 weight rows a program (two wgmma M=64 halves, 4 warps; 64 when N/128 x 4
+TMA_TILES = (  # (BM, BN, num_warps, num_stages), largest first
+    (128, 256, 8, 3),
+    (128, 128, 8, 4),
+    (64, 128, 4, 4),
+    (64, 64, 4, 5),
+)
+"""Tile shapes of the TMA kernel, tried largest first: the first that gives every SM a tile (or the
+smallest). All give the same bits (one chain per chunk; tests/gpu/test_kernels_gpu.py)."""
+
+
+def tma_capable(device: torch.device) -> bool:
+    """Hopper or later (TMA descriptors), or the interpreter (which emulates them)."""
+    if _tr.interpreting():
+        return True
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def plan(m: int, n: int, device: torch.device, override: dict | None = None, chunks: int = 4,
+         k_chunk: int = 0, bk: int = 64, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Launch configuration for an [m, K] x [n, K]^T product over `chunks` K chunks of `k_chunk`
+    elements, fixed per shape (measured on the H200, lab/KERNELS_NOTES.md; none of these choices changes
+    a bit, tests/gpu prove it):
+    - M <= 16: swapped, 128 weight rows a program (two wgmma M=64 halves, 4 warps; 64 when N/128 x C
       chunk programs would not give every SM two), 16 token columns (the smallest wgmma N Triton
       emits), 4 stages of 64-wide K steps (~80 KB of weights in flight);
     - 16 < M <= 64: swapped, 64 weight rows x 64 tokens (one token tile, so the weights stream once);
-    - M > 64: 128 x 256 tiles, 8 warps (two warpgroups, 128 fp32 accumulator registers a thread), 3
-      stages (144 KB of shared memory), each K chunk in its own program (SPLIT): one accumulator a
-      program; the tree of the C fp32 partials runs in the last program to arrive. Keeping the C
-      chunk sums of a tile in one program's registers (SPLIT=False) needs three live accumulators and
-      measured 0.3-0.4x cuBLAS; the split measured 0.5-0.8x."""
+    - M > 64 on Hopper (bf16/fp16, chunks in TMA_CHUNKS, chunk a whole number of K steps): the TMA
+      kernel, persistent, the largest tile of TMA_TILES that still gives every SM a tile; C = 4 keeps
+      three accumulators live, so its tiles are at most 128 x 128; when even the smallest tile leaves
+      SMs idle and C > 1, the chunks go to their own programs (SPLIT);
+    - otherwise: 128 x 256 pointer-load tiles, each K chunk in its own program (SPLIT)."""
     if override:
         return dict(override)
     if m <= 16:  # 128 weight rows a program unless that leaves fewer than two programs per SM
-        bn = 128 if _tr.cdiv(n, 128) * 4 >= 2 * _tr.sm_count(device) else 64
+        bn = 128 if _tr.cdiv(n, 128) * chunks >= 2 * _tr.sm_count(device) else 64
         return dict(kind="swapped", BN=bn, BT=16, num_warps=4, num_stages=4)
     if m <= SMALL_M:
         return dict(kind="swapped", BN=64, BT=64, num_warps=4, num_stages=4)
+    if (tma_capable(device) and dtype in (torch.bfloat16, torch.float16) and chunks in TMA_CHUNKS
+            and k_chunk > 0 and k_chunk % bk == 0):
+        sms = _tr.sm_count(device)
+        tiles = [t for t in TMA_TILES if chunks < 4 or t[0] * t[1] <= 128 * 128]
+        for bm, bn, warps, stages in tiles:
+            if _tr.cdiv(m, bm) * _tr.cdiv(n, bn) >= sms:
+                break
+        split = chunks > 1 and _tr.cdiv(m, bm) * _tr.cdiv(n, bn) < sms
+        return dict(kind="tma", BM=bm, BN=bn, GROUP_M=8, split=split, num_warps=warps, num_stages=stages)
     return dict(kind="tiles", BM=128, BN=256, GROUP_M=8, split=True, num_warps=8, num_stages=3)
 
 
@@ -431,30 +556,45 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return bufs[-1]
 
 
-def supported(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1) -> bool:
-    c = contract.gemm.k_chunks // max(shards, 1)
-    return (_tr.HAVE_TRITON and c in TREE_CHUNKS and contract.gemm.k_chunks % max(shards, 1) == 0
+def supported(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1,
+              row_parallel: bool = False) -> bool:
+    total = chunk_count(contract, row_parallel)
+    shards = max(shards, 1)
+    c = total // shards
+    return (_tr.HAVE_TRITON and c in TREE_CHUNKS and total % shards == 0 and (row_parallel or shards == 1)
             and w.shape[1] % c == 0 and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
             and x.dtype == w.dtype)
 
 
 def triton_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1,
-                   out_dtype: torch.dtype = torch.float32, config: dict | None = None) -> torch.Tensor:
-    """The Triton strict GEMM: tree over this shard's k_chunks/shards chunks, rounded once to out_dtype
+                   out_dtype: torch.dtype = torch.float32, config: dict | None = None,
+                   row_parallel: bool = False) -> torch.Tensor:
+    """The Triton strict GEMM: tree over this shard's chunks/shards chunks, rounded once to out_dtype
     (fp32: no rounding, the `partial` semantics). x [..., K], w [N, K] (K contiguous)."""
-    return triton_launch(x, w, contract, shards, out_dtype, config)[0]
+    return triton_launch(x, w, contract, shards, out_dtype, config, row_parallel)[0]
+
+
+def _descriptor(t: torch.Tensor, block: list[int]):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, block)
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    """TMA needs a 16-byte aligned base and row stride."""
+    return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
 
 
 def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1,
-                  out_dtype: torch.dtype = torch.float32, config: dict | None = None
-                  ) -> tuple[torch.Tensor, list[_tr.Launch]]:
+                  out_dtype: torch.dtype = torch.float32, config: dict | None = None,
+                  row_parallel: bool = False) -> tuple[torch.Tensor, list[_tr.Launch]]:
     """`triton_partial` and what it launched: one `Launch` (kernel, plan, compiled stats) a kernel call."""
     check_inputs(x, w)
     launches: list[_tr.Launch] = []
-    c = contract.gemm.k_chunks // shards
+    c = _check_shards(contract, shards, row_parallel) // shards
     k = w.shape[1]
     if k % c:
-        _chunk_bounds(k, c, contract)  # raises the reference's error
+        _chunk_bounds(k, c, contract, row_parallel)  # raises the reference's error
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -466,10 +606,12 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
         return y.reshape(*lead, n), launches
     kc = k // c
     bk = contract.gemm.k_tile
-    cfg = plan(m, n, x.device, config)
+    cfg = plan(m, n, x.device, config, chunks=c, k_chunk=kc, bk=bk, dtype=x.dtype)
     ieee = x.dtype == torch.float32
     even_k = kc % bk == 0
     opts = _tr.launch_options(contract)
+    if cfg["kind"] == "tma" and not (_tma_ok(x2) and _tma_ok(w)):
+        cfg = plan(m, n, x.device, None, chunks=c, k_chunk=0, bk=bk, dtype=x.dtype)  # pointer loads
     if cfg["kind"] == "swapped":
         grid = (_tr.cdiv(n, cfg["BN"]), c, _tr.cdiv(m, cfg["BT"]))
         ws = torch.empty(c * m * n if c > 1 else 1, dtype=torch.float32, device=x.device)
@@ -478,6 +620,34 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
                                               C=c, BN=cfg["BN"], BT=cfg["BT"], BK=bk, EVEN_K=even_k, IEEE=ieee,
                                               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
         launches.append(_tr.Launch("swapped", dict(cfg, grid=grid, C=c, BK=bk), compiled))
+    elif cfg["kind"] == "tma":
+        bm, bn = cfg["BM"], cfg["BN"]
+        split = bool(cfg["split"]) and c > 1
+        if c not in TMA_CHUNKS or kc % bk or ieee:
+            raise OpInputError(OP, f"the TMA kernel runs bf16/fp16 with {TMA_CHUNKS} chunks of whole "
+                                   f"{bk}-wide K steps; got {x.dtype}, {c} chunks of {kc}")
+        slab = m
+        if split and c * m * n * 4 > WORKSPACE_BYTES:
+            slab = max(bm, WORKSPACE_BYTES // (c * n * 4) // bm * bm)
+        w_desc = _descriptor(w, [bn, bk])
+        for lo in range(0, m, slab):
+            xs, ys = x2[lo : lo + slab], y[lo : lo + slab]
+            ms = xs.shape[0]
+            if ms < bm:  # a TMA box never exceeds the tensor: pad to one tile (zero rows are never stored)
+                xs = torch.cat([xs, xs.new_zeros(bm - ms, k)])
+            x_desc = _descriptor(xs, [bm, bk])
+            tiles = _tr.cdiv(ms, bm) * _tr.cdiv(n, bn)
+            if split:
+                grid = (tiles, c)
+                ws = torch.empty(c * ms * n, dtype=torch.float32, device=x.device)
+                cnt = _counters(x.device, tiles)
+            else:
+                grid = (min(tiles, cfg.get("programs_per_sm", 1) * _tr.sm_count(x.device)),)
+                ws = cnt = y  # unused (SPLIT=False never touches them)
+            compiled = _gemm_tma_kernel[grid](
+                x_desc, w_desc, ys, ws, cnt, ms, n, kc, ys.stride(0), grid[0], C=c, SPLIT=split, BM=bm, BN=bn,
+                BK=bk, GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
+            launches.append(_tr.Launch("tma", dict(cfg, grid=grid, C=c, BK=bk, split=split), compiled))
     elif cfg["kind"] == "stash":
         tiles = _tr.cdiv(m, cfg["BM"]) * _tr.cdiv(n, cfg["BN"])
         programs = min(tiles, cfg.get("programs_per_sm", 1) * _tr.sm_count(x.device))
@@ -514,11 +684,9 @@ class _StrictLinear(torch.autograd.Function):
     the model dtype (gradients need not be bitwise; only the forward's logprobs are compared)."""
 
     @staticmethod
-    def forward(ctx, x, w, contract, out_dtype):
+    def forward(ctx, x, w, contract, out_dtype, row_parallel):
         ctx.save_for_backward(x, w)
-        if _tr.on_gpu(x, w) and supported(x, w, contract):
-            return triton_partial(x, w, contract, 1, out_dtype or x.dtype)
-        return reference(x, w, contract, out_dtype)
+        return _forward(x, w, contract, out_dtype, row_parallel)
 
     @staticmethod
     def backward(ctx, grad):
@@ -526,25 +694,28 @@ class _StrictLinear(torch.autograd.Function):
         g = grad.to(x.dtype)
         gx = g @ w if ctx.needs_input_grad[0] else None
         gw = (g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
-        return gx, gw, None, None
+        return gx, gw, None, None, None
+
+
+def _forward(x, w, contract, out_dtype, row_parallel):
+    if _tr.on_gpu(x, w) and supported(x, w, contract, 1, row_parallel):
+        return triton_partial(x, w, contract, 1, out_dtype or x.dtype, row_parallel=row_parallel)
+    return reference(x, w, contract, out_dtype, row_parallel)
 
 
 def strict(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, row_parallel: bool = False) -> torch.Tensor:
     """Strict y = x @ w.T: the Triton kernel for CUDA tensors, the reference otherwise; under autograd
-    the same forward with a native backward."""
+    the same forward with a native backward. `row_parallel`: the layer is row-parallel (its K chunk
+    count is gemm.k_chunks, else gemm.column_k_chunks), whether or not it is split over ranks now."""
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
-        return _StrictLinear.apply(x, w, contract, out_dtype)
-    if _tr.on_gpu(x, w) and supported(x, w, contract):
-        return triton_partial(x, w, contract, 1, out_dtype or x.dtype)
-    return reference(x, w, contract, out_dtype)
+        return _StrictLinear.apply(x, w, contract, out_dtype, row_parallel)
+    return _forward(x, w, contract, out_dtype, row_parallel)
 
 
 def strict_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1) -> torch.Tensor:
     """fp32 subtree partial of a row-parallel shard (forward only on the GPU path)."""
-    if _tr.on_gpu(x, w) and supported(x, w, contract, shards) and not (
+    if _tr.on_gpu(x, w) and supported(x, w, contract, shards, True) and not (
             torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
-        if shards < 1 or contract.gemm.k_chunks % shards:
-            return partial(x, w, contract, shards)  # raises the reference's error
-        return triton_partial(x, w, contract, shards, torch.float32)
-    return partial(x, w, contract, shards)
+        return triton_partial(x, w, contract, shards, torch.float32, row_parallel=True)
+    return partial(x, w, contract, shards, row_parallel=True)

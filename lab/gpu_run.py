@@ -69,15 +69,28 @@ def main() -> int:
         from rlkit.bench.kernels import run
 
         rows = run(out, quick=a.quick, tune=a.tune, parts=tuple(a.parts.split(",")))
-        print("\n== ratios (native time / strict time) ==")
-        for r in rows:
-            if r["metric"] in ("ratio_vs_native", "fraction_of_hbm_limit", "failed", "same_bits") and (
-                    r["metric"] != "same_bits" or r["median"] != 1.0):
-                print(f"{r['op']:12s} {r['impl']:14s} {r['shape']:42s} {r['metric']:22s} {r['median']:.3f}")
-        for r in rows:
-            if r["shape"] == "last compiled":
-                print(f"{r['op']:12s} {r['impl']:14s} {r['metric']}={r['median']:.0f}")
+        from rlkit.bench.kernels import render
+
+        print(render([r for r in rows if r["op"] != "gemm" or r["metric"] != "plan"]), flush=True)
+        _print_tuning(rows)
     return rc
+
+
+def _print_tuning(rows: list[dict]) -> None:
+    """Per GEMM cell: the default plan's ratio, the best candidate's, and any candidate with other bits."""
+    cells: dict = {}
+    for r in rows:
+        if r["op"] == "gemm" and r["metric"] == "ratio_vs_native" and r["impl"].startswith("cfg"):
+            cells.setdefault(r["shape"], []).append((r["median"], r["impl"]))
+        if r["op"] == "gemm" and r["metric"] == "same_bits" and r["median"] != 1.0:
+            print(f"DIFFERENT BITS: {r['impl']} {r['shape']}")
+    for shape, cands in cells.items():
+        best = max(cands)
+        default = next((r["median"] for r in rows if r["op"] == "gemm" and r["impl"] == "strict"
+                        and r["shape"] == shape and r["metric"] == "ratio_vs_native"), float("nan"))
+        plan = next((r["metric"][5:] for r in rows if r["op"] == "gemm" and r["impl"] == "strict"
+                     and r["shape"] == shape and r["metric"].startswith("plan:")), "?")
+        print(f"tune {shape:44s} default {default:.2f} ({plan}) best {best[0]:.2f} {best[1]}")
 
 
 if __name__ == "__main__":

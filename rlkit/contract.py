@@ -21,12 +21,17 @@ fingerprint, so a record always says exactly which numerics produced it.
 
 Versions. The fingerprint hashes the canonical JSON of the contract in its version's field set, so it
 changes with any field's value, any op's path, the name, the version, and the field set itself.
-`qwen3-dense-strict-v2` (the default) dropped v1's fields that no code read (each had one allowed value)
-and added `logprob.top_p_scan_block` and `gpu.fp_fusion`, which v1's kernels fixed at 1024 and False.
-The kernels compute the same bits under both, so v1 stays selectable (`NumericsContract.v1()`): it
-serializes its v1 field set and keeps the fingerprints its runs recorded (e.g. b8dbda3e304b4df3, all
-strict). A run's records are compared only with records of the same fingerprint, so a v1 run is never
-compared with a v2 run (`rlkit.divergence.check_fingerprints` names both contracts).
+`qwen3-dense-strict-v2` dropped v1's fields that no code read (each had one allowed value) and added
+`logprob.top_p_scan_block` and `gpu.fp_fusion`, which v1's kernels fixed at 1024 and False; the kernels
+compute the same bits under both. `qwen3-dense-strict-v3` (the default) adds `gemm.column_k_chunks`: the
+K-chunk tree stays only where tensor parallelism splits K (the row-parallel o_proj and down_proj); the
+column-parallel layers and the lm_head, whose K is never split across ranks, sum K in one fp32 chain
+(column_k_chunks = 1), which every layout invariance allows and which runs at cuBLAS speed on the GPU
+(lab/KERNELS_NOTES.md). Its bits differ from v2's in those layers. Older versions stay selectable
+(`NumericsContract.named(...)`): each serializes its own field set and keeps the fingerprints its runs
+recorded (v1: b8dbda3e304b4df3, all strict). A run's records are compared only with records of the same
+fingerprint, so runs of two versions are never compared (`rlkit.divergence.check_fingerprints` names both
+contracts).
 
     >>> from rlkit import NumericsContract
     >>> c = NumericsContract.default()
@@ -108,7 +113,12 @@ class GemmSpec(_Section):
     k_chunks: int = 4
     """K is cut into this many equal contiguous chunks. Each chunk is summed on its own in fp32 and the
     chunk partials meet in the pairwise tree. A power of two, so that a row-parallel layer split over
-    TP ranks (TP dividing k_chunks) owns whole subtrees: TP 1, 2 and 4 then give the same bits."""
+    TP ranks (TP dividing k_chunks) owns whole subtrees: TP 1, 2 and 4 then give the same bits. From
+    version 3 this applies to the row-parallel layers only (o_proj, down_proj; kernels/gemm.py `chunk_count`)."""
+    column_k_chunks: int | None = 1
+    """Version 3: the K chunks of every other GEMM (the column-parallel q/k/v, gate/up and the lm_head,
+    whose K no layout splits). 1 = one fp32 accumulator over all of K, in K order. None = the same as
+    `k_chunks` (versions 1 and 2, which have no such field, are exactly that)."""
     row_tile: int = 16
     """Rows per GEMM call on the CPU: every strict backend GEMM call has exactly this many rows (padded),
     so the backend's blocking, and each row's reduction order, never depends on the batch size."""
@@ -116,9 +126,13 @@ class GemmSpec(_Section):
     """GPU kernels: K elements per pipelined step inside a chunk; steps accumulate sequentially in order."""
 
     def validate(self) -> None:
-        _positive_int("gemm.k_chunks", self.k_chunks)
-        if not _power_of_two(self.k_chunks):
-            raise ContractError("gemm.k_chunks", self.k_chunks, "a power of two (1, 2, 4, 8, ...)")
+        for name in ("k_chunks", "column_k_chunks"):
+            value = getattr(self, name)
+            if name == "column_k_chunks" and value is None:
+                continue
+            _positive_int(f"gemm.{name}", value)
+            if not _power_of_two(value):
+                raise ContractError(f"gemm.{name}", value, "a power of two (1, 2, 4, 8, ...)")
         _positive_int("gemm.row_tile", self.row_tile)
         _positive_int("gemm.k_tile", self.k_tile)
         if not _power_of_two(self.k_tile) or self.k_tile < 16:
@@ -212,7 +226,10 @@ _SECTIONS = {
 
 V1_NAME = "qwen3-dense-strict-v1"
 V2_NAME = "qwen3-dense-strict-v2"
-VERSIONS = (1, 2)
+V3_NAME = "qwen3-dense-strict-v3"
+VERSIONS = (1, 2, 3)
+NAMES = {V3_NAME: 3, V2_NAME: 2, V1_NAME: 1}
+"""Every released contract, newest (the default) first, with its version."""
 
 V1_FIXED: dict[str, dict[str, str]] = {
     "gemm": {"combine": "pairwise_tree", "accumulate": "float32", "output_rounding": "once"},
@@ -228,17 +245,32 @@ V1_FIXED: dict[str, dict[str, str]] = {
 version 2 states them in the section docstrings instead. A v1 contract still serializes them, so its
 JSON, and its fingerprint, are what v1 stores hold."""
 
-V1_ONLY_DEFAULTS: dict[str, dict[str, Any]] = {"logprob": {"top_p_scan_block": 1024}, "gpu": {"fp_fusion": False}}
-"""Fields version 1 did not write: a v1 contract has the value its kernels used, and no other."""
+ADDED_IN: dict[int, dict[str, dict[str, Any]]] = {
+    2: {"logprob": {"top_p_scan_block": 1024}, "gpu": {"fp_fusion": False}},
+    3: {"gemm": {"column_k_chunks": None}},
+}
+"""Fields each version added, with the one value a contract of an earlier version has (what its kernels
+did): an earlier version does not write them and accepts no other value."""
+
+
+def absent_fields(version: int) -> dict[str, dict[str, Any]]:
+    """{section: {field: fixed value}} of every field a contract of `version` does not have."""
+    out: dict[str, dict[str, Any]] = {}
+    for added, sections in ADDED_IN.items():
+        if added > version:
+            for section, fields in sections.items():
+                out.setdefault(section, {}).update(fields)
+    return out
 
 
 @dataclass(frozen=True)
 class NumericsContract:
     """A named, versioned, frozen numerics contract. Build with `default()` and derive with `with_ops`."""
 
-    name: str = V2_NAME
-    version: int = 2
-    """The structure of the fields: 1 (the v1 field set, V1_FIXED included) or 2 (this class's fields)."""
+    name: str = V3_NAME
+    version: int = 3
+    """The structure of the fields: 1 (the v1 field set, V1_FIXED included), 2 (without
+    gemm.column_k_chunks) or 3 (this class's fields)."""
     paths: OpPaths = field(default_factory=OpPaths)
     gemm: GemmSpec = field(default_factory=GemmSpec)
     attention: AttentionSpec = field(default_factory=AttentionSpec)
@@ -252,23 +284,24 @@ class NumericsContract:
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def default(cls) -> "NumericsContract":
-        """`qwen3-dense-strict-v2` with every op on the strict path."""
+        """`qwen3-dense-strict-v3` with every op on the strict path."""
         return cls()
 
     @classmethod
     def v1(cls) -> "NumericsContract":
-        """`qwen3-dense-strict-v1`: the same bits as v2's defaults, under v1's field set and fingerprint
-        (runs recorded before v2 carry it)."""
-        return cls(name=V1_NAME, version=1)
+        """`qwen3-dense-strict-v1`: v2's bits under v1's field set and fingerprint (runs recorded before
+        v2 carry it)."""
+        return cls.named(V1_NAME)
 
     @classmethod
     def named(cls, name: str) -> "NumericsContract":
-        """A released contract by name, every op strict."""
-        if name == V2_NAME:
-            return cls.default()
-        if name == V1_NAME:
-            return cls.v1()
-        raise ContractError("name", name, f"{V2_NAME} | {V1_NAME}")
+        """A released contract by name, every op strict, with that version's defaults."""
+        if name not in NAMES:
+            raise ContractError("name", name, " | ".join(NAMES))
+        version = NAMES[name]
+        sections = {section: dataclasses.replace(_SECTIONS[section](), **fields)
+                    for section, fields in absent_fields(version).items()}
+        return cls(name=name, version=version, **sections)
 
     @classmethod
     def native(cls) -> "NumericsContract":
@@ -319,12 +352,11 @@ class NumericsContract:
             if not isinstance(value, kind):
                 raise ContractError(section, value, f"a {kind.__name__}")
             value.validate()
-        if self.version == 1:
-            for section, fields in V1_ONLY_DEFAULTS.items():
-                for key, fixed in fields.items():
-                    if getattr(getattr(self, section), key) != fixed:
-                        raise ContractError(f"{section}.{key}", getattr(getattr(self, section), key),
-                                            f"{fixed!r} (version 1 fixes it; use version 2 to change it)")
+        for section, fields in absent_fields(self.version).items():
+            for key, fixed in fields.items():
+                if getattr(getattr(self, section), key) != fixed:
+                    raise ContractError(f"{section}.{key}", getattr(getattr(self, section), key),
+                                        f"{fixed!r} (version {self.version} fixes it; a later version can change it)")
 
     def path(self, op: str) -> str:
         if op not in OPS:
@@ -341,15 +373,15 @@ class NumericsContract:
 
     def to_dict(self) -> dict[str, Any]:
         """The contract as plain data in its version's field set (what `to_json` and the fingerprint
-        read): version 2 as the dataclass; version 1 with V1_FIXED's fields and without the fields v1 did
-        not write, exactly what v1 stores hold."""
+        read): the dataclass without the fields later versions added (ADDED_IN); version 1 also with
+        V1_FIXED's fields: exactly what each version's stores hold."""
         data = dataclasses.asdict(self)
+        for section, fields in absent_fields(self.version).items():
+            for key in fields:
+                del data[section][key]
+            if not data[section]:
+                del data[section]
         if self.version == 1:
-            for section, fields in V1_ONLY_DEFAULTS.items():
-                for key in fields:
-                    del data[section][key]
-                if not data[section]:
-                    del data[section]
             for section, fields in V1_FIXED.items():
                 data.setdefault(section, {}).update(fields)
         return data
@@ -363,7 +395,10 @@ class NumericsContract:
         if not isinstance(data, dict):
             raise ContractError("contract", type(data).__name__, "a JSON object")
         version = data.get("version", 2)
+        if version not in VERSIONS:
+            raise ContractError("version", version, " | ".join(map(str, VERSIONS)))
         fixed = V1_FIXED if version == 1 else {}
+        absent = absent_fields(version)
         known = {"name", "version", *_SECTIONS, *fixed}
         for key in data:
             if key not in known:
@@ -377,8 +412,7 @@ class NumericsContract:
                 raise ContractError(section, raw, "a JSON object")
             kind = _SECTIONS.get(section)
             names = {f.name for f in dataclasses.fields(kind)} if kind else set()
-            if version == 1:
-                names -= set(V1_ONLY_DEFAULTS.get(section, {}))
+            names -= set(absent.get(section, {}))
             for key in raw:
                 if key in fixed.get(section, {}):
                     if raw[key] != fixed[section][key]:
@@ -387,7 +421,11 @@ class NumericsContract:
                     raise ContractError(f"{section}.{key}", raw[key],
                                         ", ".join(sorted(names | set(fixed.get(section, {})))))
             if kind is not None:
-                kwargs[section] = kind(**{k: v for k, v in raw.items() if k in names})
+                kwargs[section] = kind(**{k: v for k, v in raw.items() if k in names},
+                                       **absent.get(section, {}))
+        for section, fields in absent.items():  # a section the JSON does not have at all
+            if section not in kwargs:
+                kwargs[section] = dataclasses.replace(_SECTIONS[section](), **fields)
         return cls(**kwargs)
 
     @classmethod
@@ -406,7 +444,7 @@ class NumericsContract:
     def from_fingerprint(cls, fingerprint: str) -> "NumericsContract | None":
         """The released contract (any version, any per-op paths) with this fingerprint, or None (a
         contract with other parameters: only its JSON says what it was)."""
-        for base in (cls.default(), cls.v1()):
+        for base in map(cls.named, NAMES):
             for paths in itertools.product(PATHS, repeat=len(OPS)):
                 c = base.with_ops(**dict(zip(OPS, paths)))
                 if c.fingerprint() == fingerprint:

@@ -76,16 +76,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return _rms_norm.native(x, weight, eps, residual)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, *, tp_group=None, tp_size: int = 1,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """y = x @ weight.T. With `tp_size > 1` this is the row-parallel form: x and weight hold this rank's
-    K slice and the result is all-reduced over `tp_group` (strict: per-rank subtree partials in fp32,
-    combined by the canonical all-reduce, rounded once; native: a local GEMM plus the backend's
-    all-reduce in the model dtype)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, *, row_parallel: bool = False, tp_group=None,
+           tp_size: int = 1, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y = x @ weight.T. `row_parallel`: the layer is one whose K tensor parallelism splits (o_proj,
+    down_proj), so its strict K reduction is the contract's chunk tree (gemm.k_chunks) at every TP size,
+    TP 1 included; every other layer sums K as gemm.column_k_chunks says. With `tp_size > 1` (row-parallel
+    only) x and weight hold this rank's K slice and the result is all-reduced over `tp_group` (strict:
+    per-rank subtree partials in fp32, combined by the canonical all-reduce, rounded once; native: a local
+    GEMM plus the backend's all-reduce in the model dtype)."""
     contract = _ACTIVE.get()
+    if tp_size > 1 and not row_parallel:
+        raise OpInputError("linear", f"tp_size={tp_size} splits K, which only a row-parallel layer does; "
+                                     f"pass row_parallel=True")
     if tp_size == 1:
         if _strict("linear"):
-            return _gemm.strict(x, weight, contract, out_dtype)
+            return _gemm.strict(x, weight, contract, out_dtype, row_parallel)
         return _gemm.native(x, weight, out_dtype)
     if _strict("linear"):
         part = _gemm.strict_partial(x, weight, contract, shards=tp_size)

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_default_is_named_versioned_and_all_strict():
     c = NumericsContract.default()
-    assert c.name == "qwen3-dense-strict-v2"
-    assert c.version == 2
+    assert c.name == "qwen3-dense-strict-v3"
+    assert c.version == 3
     assert c.all_strict
     assert all(c.path(op) == "strict" for op in OPS)
 
@@ -42,15 +42,36 @@ def test_v1_keeps_its_fingerprints_and_json():
     assert "top_p_scan_block" not in data["logprob"] and "gpu" not in data
     back = NumericsContract.from_json(v1.to_json())
     assert back == v1 and back.fingerprint() == v1.fingerprint()
-    # the same kernel parameters as v2's default, under another name, version and fingerprint
-    v2 = NumericsContract.default()
+    # the same kernel parameters as v2's, under another name, version and fingerprint
+    v2 = NumericsContract.named("qwen3-dense-strict-v2")
     assert (v1.gemm, v1.attention, v1.logprob, v1.rms_norm) == (v2.gemm, v2.attention, v2.logprob, v2.rms_norm)
     assert v2.fingerprint() != v1.fingerprint()
-    assert NumericsContract.named("qwen3-dense-strict-v2") == v2
+
+
+def test_v2_keeps_its_fingerprint_and_has_no_column_chunks():
+    """v3 added gemm.column_k_chunks; v2 neither writes it nor accepts another value than "the same as
+    k_chunks", so its JSON and fingerprint are what v2 runs recorded (56da574454d87eba, all strict)."""
+    v2 = NumericsContract.named("qwen3-dense-strict-v2")
+    assert v2.version == 2 and v2.fingerprint() == "56da574454d87eba"
+    assert "column_k_chunks" not in json.loads(v2.to_json())["gemm"]
+    assert v2.gemm.column_k_chunks is None and v2.gemm.k_chunks == 4  # every GEMM: 4 chunks
+    back = NumericsContract.from_json(v2.to_json())
+    assert back == v2 and back.fingerprint() == v2.fingerprint()
+    with pytest.raises(ContractError, match="version 2 fixes it"):
+        v2.replace(gemm=GemmSpec(column_k_chunks=1))
+
+
+def test_v3_sums_k_in_one_chain_except_where_tensor_parallelism_splits_it():
+    v3 = NumericsContract.default()
+    assert v3.gemm.k_chunks == 4 and v3.gemm.column_k_chunks == 1
+    assert json.loads(v3.to_json())["gemm"]["column_k_chunks"] == 1
+    assert len({NumericsContract.named(n).fingerprint() for n in
+                ("qwen3-dense-strict-v1", "qwen3-dense-strict-v2", "qwen3-dense-strict-v3")}) == 3
 
 
 def test_from_fingerprint_finds_released_contracts_only():
-    for c in (NumericsContract.v1(), NumericsContract.default().with_ops(logprob="native"), NumericsContract.native()):
+    for c in (NumericsContract.v1(), NumericsContract.default().with_ops(logprob="native"), NumericsContract.native(),
+              NumericsContract.named("qwen3-dense-strict-v2").with_ops(attention="native")):
         assert NumericsContract.from_fingerprint(c.fingerprint()) == c
     odd = NumericsContract.default().replace(gemm=GemmSpec(k_chunks=8))
     assert NumericsContract.from_fingerprint(odd.fingerprint()) is None
@@ -109,6 +130,8 @@ def test_json_round_trip_keeps_every_field():
     (lambda: AttentionSpec(split_size=0), "attention.split_size", "positive"),
     (lambda: AttentionSpec(block_size=-4), "attention.block_size", "positive"),
     (lambda: GemmSpec(k_chunks=3), "gemm.k_chunks", "power of two"),
+    (lambda: GemmSpec(column_k_chunks=6), "gemm.column_k_chunks", "power of two"),
+    (lambda: GemmSpec(column_k_chunks=0), "gemm.column_k_chunks", "positive"),
     (lambda: GemmSpec(row_tile=0), "gemm.row_tile", "positive"),
     (lambda: LogprobSpec(vocab_chunk=0), "logprob.vocab_chunk", "positive"),
     (lambda: GemmSpec(k_tile=48), "gemm.k_tile", "power of two"),
@@ -120,10 +143,13 @@ def test_json_round_trip_keeps_every_field():
     (lambda: RmsNormSpec(weight_multiply="bfloat16"), "rms_norm.weight_multiply", "model_dtype | float32"),
     (lambda: GpuSpec(fp_fusion=True), "gpu.fp_fusion", "False"),
     (lambda: NumericsContract(name=""), "name", "non-empty"),
-    (lambda: NumericsContract(version=3), "version", "1 | 2"),
+    (lambda: NumericsContract(version=4), "version", "1 | 2 | 3"),
+    (lambda: NumericsContract.from_json('{"version": 7}'), "version", "1 | 2 | 3"),
+    (lambda: NumericsContract.from_json('{"version": 2, "gemm": {"column_k_chunks": 1}}'),
+     "gemm.column_k_chunks", "k_chunks"),
     (lambda: NumericsContract(version=0), "version", "positive"),
     (lambda: NumericsContract(gemm="fast"), "gemm", "GemmSpec"),
-    (lambda: NumericsContract.named("qwen3-dense-fast"), "name", "qwen3-dense-strict-v2"),
+    (lambda: NumericsContract.named("qwen3-dense-fast"), "name", "qwen3-dense-strict-v3"),
     # version 1 fixes the scan block it never wrote, and its written-but-unread fields to their one value
     (lambda: NumericsContract.v1().replace(logprob=LogprobSpec(top_p_scan_block=512)),
      "logprob.top_p_scan_block", "version 1 fixes it"),
@@ -171,7 +197,7 @@ def test_records_of_different_contracts_are_never_compared():
     msg = str(err.value)
     assert "\n" not in msg and "refusing to compare" in msg
     assert "b8dbda3e304b4df3 (qwen3-dense-strict-v1 v1, all strict)" in msg
-    assert f"{v2.with_ops(attention='native').fingerprint()} (qwen3-dense-strict-v2 v2, native attention)" in msg
+    assert f"{v2.with_ops(attention='native').fingerprint()} (qwen3-dense-strict-v3 v3, native attention)" in msg
     with pytest.raises(FingerprintMismatch, match="rollout contract 0123456789abcdef != trainer"):
         check_fingerprints("0123456789abcdef", v2.fingerprint())
 

@@ -7,7 +7,7 @@ import torch
 
 from rlkit import NumericsContract, ops
 from rlkit.bitwise import assert_bitwise_equal
-from rlkit.contract import LogprobSpec
+from rlkit.contract import GemmSpec, LogprobSpec
 from rlkit.kernels import gemm, logprob, rms_norm
 from rlkit.types import SamplingParams
 
@@ -117,12 +117,32 @@ def test_v1_and_v2_give_the_same_bits():
     ids = torch.randint(0, 300, (9,), generator=g)
     params = SamplingParams(temperature=0.9, top_p=0.9)
     outs = []
-    for contract in (NumericsContract.v1(), NumericsContract.default()):
+    for contract in (NumericsContract.v1(), NumericsContract.named("qwen3-dense-strict-v2")):
         with ops.use_contract(contract):
             outs.append((ops.linear(x, w), ops.rms_norm(x, w[0], 1e-6), ops.logprob(x, w, ids),
                          ops.logprob(x, w, ids, params)))
     for name, a, b in zip(("linear", "rms_norm", "logprob raw", "logprob processed"), *outs):
         assert_bitwise_equal(a, b, name)
+
+
+def test_v3_changes_only_the_column_parallel_gemms():
+    """v3 keeps v2's bits wherever it keeps v2's parameters: row-parallel linear layers and every non-GEMM
+    op; a column-parallel linear and the lm_head sum K in one chain (gemm.column_k_chunks = 1)."""
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(9, 256, generator=g).bfloat16(), torch.randn(300, 256, generator=g).bfloat16()
+    v2, v3 = NumericsContract.named("qwen3-dense-strict-v2"), NumericsContract.default()
+    one_chain = v2.replace(gemm=GemmSpec(k_chunks=1, column_k_chunks=None))
+    outs = {}
+    for name, contract in (("v2", v2), ("v3", v3), ("one_chain", one_chain)):
+        with ops.use_contract(contract):
+            outs[name] = (ops.linear(x, w, row_parallel=True), ops.rms_norm(x, w[0], 1e-6), ops.linear(x, w),
+                          ops.logits(x, w))
+    assert_bitwise_equal(outs["v3"][0], outs["v2"][0], "row-parallel linear v3 vs v2")
+    assert_bitwise_equal(outs["v3"][1], outs["v2"][1], "rms_norm v3 vs v2")
+    assert_bitwise_equal(outs["v3"][2], outs["one_chain"][2], "column linear v3 vs one chain")
+    assert_bitwise_equal(outs["v3"][3], outs["one_chain"][3], "lm_head logits v3 vs one chain")
+    with ops.use_contract(v3), pytest.raises(ops.OpInputError, match="only a row-parallel layer"):
+        ops.linear(x, w, tp_size=2)
 
 
 def test_only_ops_and_the_benchmarks_import_the_kernels():

@@ -27,10 +27,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-GEMM_SHAPES = {  # Qwen3-8B: name -> (K, N)
-    "qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576), "down": (12288, 4096),
-    "lm_head": (4096, 151936),
-}
 GEMM_M = (1, 8, 64, 256, 1024, 4096, 8192)
 HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy on the H200 (lab/KERNELS_NOTES.md)
 
@@ -68,50 +64,120 @@ def _randn(*shape, scale=1.0, dtype=torch.bfloat16, seed=0):
 
 
 # -- GEMM ---------------------------------------------------------------------------------------------
+GEMM_MODELS = ("qwen3-8b", "qwen3-1.7b", "qwen3-0.6b")
+
+
+def gemm_shapes(model: str) -> dict[str, tuple[int, int, bool]]:
+    """name -> (K, N, row_parallel) of each projection of one layer of a model preset (y = x @ w.T)."""
+    from rlkit.model.config import preset
+
+    cfg = preset(model)
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    return {"qkv": (h, q + 2 * kv, False), "o": (q, h, True), "gate_up": (h, 2 * i, False),
+            "down": (i, h, True), "lm_head": (h, cfg.vocab_size, False)}
+
+
 TUNE_CONFIGS = {  # candidates timed beside the default plan (gemm.plan); each must give the same bits
-    "small": [dict(kind="swapped", BN=64, BT=16, num_warps=4, num_stages=5),
-              dict(kind="swapped", BN=128, BT=16, num_warps=8, num_stages=4),
-              dict(kind="swapped", BN=256, BT=16, num_warps=8, num_stages=3)],
-    "large": [dict(kind="tiles", BM=128, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=4),
-              dict(kind="tiles", BM=256, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=3),
-              dict(kind="tiles", BM=128, BN=256, GROUP_M=8, split=True, num_warps=8, num_stages=4),
-              dict(kind="tiles", BM=128, BN=256, GROUP_M=16, split=True, num_warps=8, num_stages=3),
-              dict(kind="stash", BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=3),
-              dict(kind="stash", BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=4),
-              dict(kind="stash", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=4, programs_per_sm=2),
-              dict(kind="stash", BM=256, BN=128, GROUP_M=8, num_warps=8, num_stages=3)],
+    "small": [dict(kind="swapped", BN=32, BT=16, num_warps=4, num_stages=4),
+              dict(kind="swapped", BN=64, BT=16, num_warps=4, num_stages=5),
+              dict(kind="swapped", BN=128, BT=16, num_warps=4, num_stages=4),
+              dict(kind="swapped", BN=32, BT=64, num_warps=4, num_stages=4),
+              dict(kind="swapped", BN=128, BT=64, num_warps=8, num_stages=3)],
+    "large": [dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3),
+              dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=4),
+              dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=4),
+              dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=3, programs_per_sm=2),
+              dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=4, num_stages=4),
+              dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=False, num_warps=4, num_stages=4),
+              dict(kind="tma", BM=64, BN=64, GROUP_M=8, split=False, num_warps=4, num_stages=5),
+              dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, num_warps=4, num_stages=5),
+              dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=4),
+              dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=True, num_warps=4, num_stages=4),
+              dict(kind="tma", BM=64, BN=64, GROUP_M=8, split=True, num_warps=4, num_stages=5)],
 }
 
 
-def bench_gemm(rec: Recorder, ms=GEMM_M, shapes=GEMM_SHAPES, tune: bool = False) -> None:
+def _graph_ms(fn, rep: int = 10) -> float:
+    """Median milliseconds of one call replayed from a CUDA graph (no host launch cost in the time)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+
+
+def batch_invariant_ops_matmul():
+    """Thinking Machines' batch-invariant persistent matmul (github thinking-machines-lab/
+    batch_invariant_ops), timed beside rlkit's when its package is importable (not a dependency: put it on
+    PYTHONPATH, or at $RLKIT_BATCH_INVARIANT_OPS). Returns f(x, w) = x @ w.T, or None."""
+    import sys
+
+    extra = os.environ.get("RLKIT_BATCH_INVARIANT_OPS")
+    if extra and extra not in sys.path:
+        sys.path.insert(0, extra)
+    try:
+        from batch_invariant_ops import matmul_persistent
+    except Exception:  # noqa: BLE001 - absent or broken: the column is left out
+        return None
+    return lambda x, w: matmul_persistent(x, w.t())
+
+
+def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False) -> None:
+    """Every projection of each model at every M: cuBLAS, rlkit strict (the default contract, each layer
+    with its role), rlkit under contract v2 and Thinking Machines' batch-invariant matmul, CUDA-graph
+    replay. With `tune`, candidate launch configurations too (each checked bit for bit)."""
     from rlkit import NumericsContract
     from rlkit.kernels import gemm
 
-    c = NumericsContract.default()
+    c, v2 = NumericsContract.default(), NumericsContract.named("qwen3-dense-strict-v2")
+    tm = batch_invariant_ops_matmul()
+    print(f"bench gemm: batch_invariant_ops {'found' if tm else 'not importable (column left out)'}", flush=True)
     compiled: dict = {}  # kernel kind -> the last Launch of that kind (registers, spills)
-    for name, (k, n) in shapes.items():
-        w = _randn(n, k, scale=0.02, seed=1)
-        for m in ms:
-            x = _randn(m, k, seed=2)
-            shape = f"{name} M={m} K={k} N={n}"
-            flops = 2.0 * m * n * k
-            t_nat = _bench(lambda: F.linear(x, w))
-            y, launches = gemm.triton_launch(x, w, c, 1, torch.bfloat16)
-            compiled.update((ln.kernel, ln) for ln in launches)
-            t_str = _bench(lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16))
-            for impl, t in (("native", t_nat), ("strict", t_str)):
-                rec.add("gemm", impl, shape, "ms", t)
-                rec.add("gemm", impl, shape, "TFLOP/s", flops / t / 1e9)
-            rec.add("gemm", "strict", shape, "ratio_vs_native", t_nat / t_str)
-            rec.add("gemm", "strict", shape, "GB/s_weights", n * k * 2 / t_str / 1e6)
-            if tune:
-                for i, cfg in enumerate(TUNE_CONFIGS["small" if m <= gemm.SMALL_M else "large"]):
-                    same = torch.equal(gemm.triton_partial(x, w, c, 1, torch.bfloat16, config=cfg), y)
-                    t = _bench(lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, config=cfg), rep=50)
-                    rec.add("gemm", f"strict_cfg{i}", shape, "ratio_vs_native", t_nat / t)
-                    rec.add("gemm", f"strict_cfg{i}", shape, "same_bits", float(same))
-            del x
-        del w
+    for model in models:
+        for name, (k, n, row_par) in gemm_shapes(model).items():
+            w = _randn(n, k, scale=0.02, seed=1)
+            for m in ms:
+                x = _randn(m, k, seed=2)
+                shape = f"{model}.{name} M={m} K={k} N={n}"
+                flops = 2.0 * m * n * k
+                y, launches = gemm.triton_launch(x, w, c, 1, torch.bfloat16, row_parallel=row_par)
+                compiled.update((ln.kernel, ln) for ln in launches)
+                impls = {
+                    "native": lambda: F.linear(x, w),
+                    "strict": lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, row_parallel=row_par),
+                    "strict_v2": lambda: gemm.triton_partial(x, w, v2, 1, torch.bfloat16),
+                }
+                if tm is not None:
+                    impls["batch_invariant_ops"] = lambda: tm(x, w)
+                times = {impl: _graph_ms(fn) for impl, fn in impls.items()}
+                for impl, t in times.items():
+                    rec.add("gemm", impl, shape, "ms", t)
+                    rec.add("gemm", impl, shape, "TFLOP/s", flops / t / 1e9)
+                    if impl != "native":
+                        rec.add("gemm", impl, shape, "ratio_vs_native", times["native"] / t)
+                if tm is not None:
+                    rec.add("gemm", "strict", shape, "ratio_vs_batch_invariant_ops",
+                            times["batch_invariant_ops"] / times["strict"])
+                rec.add("gemm", "strict", shape, "GB/s_weights", n * k * 2 / times["strict"] / 1e6)
+                plan = launches[0].plan if launches else {}
+                rec.add("gemm", "strict", shape, "plan:" + ",".join(
+                    f"{key}={plan[key]}" for key in ("kind", "BM", "BN", "BT", "split", "num_warps", "num_stages")
+                    if key in plan), 1.0)
+                if tune:
+                    for i, cfg in enumerate(TUNE_CONFIGS["small" if m <= gemm.SMALL_M else "large"]):
+                        if cfg["kind"] == "tma" and row_par and cfg["BM"] * cfg["BN"] > 128 * 128 and not cfg["split"]:
+                            continue  # three live 128x256 accumulators: the plan never picks it
+                        try:
+                            same = torch.equal(gemm.triton_partial(x, w, c, 1, torch.bfloat16, config=cfg,
+                                                                   row_parallel=row_par), y)
+                            t = _graph_ms(lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, config=cfg,
+                                                                      row_parallel=row_par), rep=5)
+                        except Exception as exc:  # noqa: BLE001 - a candidate that does not run is a row
+                            print(f"  {shape} cfg{i} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                            continue
+                        rec.add("gemm", f"cfg{i}", shape, "ratio_vs_native", times["native"] / t)
+                        rec.add("gemm", f"cfg{i}", shape, "same_bits", float(same))
+                del x
+            del w
     tiny_x, tiny_w = _randn(1, 256, seed=20), _randn(64, 256, seed=21)
     rec.add("gemm", "strict", "launch floor M=1 K=256 N=64", "ms",
             _bench(lambda: gemm.triton_partial(tiny_x, tiny_w, c, 1, torch.bfloat16)))
@@ -189,7 +255,7 @@ def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096)) -> None:
     from rlkit.kernels import logprob
 
     c = NumericsContract.default()
-    k, n = GEMM_SHAPES["lm_head"]
+    k, n, _ = gemm_shapes("qwen3-8b")["lm_head"]
     w = _randn(n, k, scale=0.02, seed=9)
     for m in ms:
         h = _randn(m, k, seed=10)
@@ -299,6 +365,36 @@ def _get(rows, op, impl, shape, metric):
     return None
 
 
+def _render_gemm(rows: list[dict]) -> list[str]:
+    """One table per model: strict / cuBLAS speed ratio, and strict / batch_invariant_ops where timed."""
+    sel = [r for r in rows if r["op"] == "gemm" and r["impl"] == "strict" and r["metric"] == "ratio_vs_native"]
+    out: list[str] = []
+    models = list(dict.fromkeys(r["shape"].split(".")[0] for r in sel if "." in r["shape"].split()[0]))
+    for model in models:
+        cells = [r for r in sel if r["shape"].startswith(model + ".")]
+        names = list(dict.fromkeys(r["shape"].split()[0].split(".", 1)[1] for r in cells))
+        ms = list(dict.fromkeys(int(r["shape"].split()[1][2:]) for r in cells))
+        ratios = [r["median"] for r in cells]
+        vs_tm = [x["median"] for x in rows if x["op"] == "gemm" and x["metric"] == "ratio_vs_batch_invariant_ops"
+                 and x["shape"].startswith(model + ".")]
+        out += [f"## GEMM, {model} projections (bf16): strict / cuBLAS speed ratio"
+                + (" · strict / batch_invariant_ops" if vs_tm else ""), "",
+                f"Lowest vs cuBLAS: {min(ratios):.2f} (target >= 0.90)"
+                + (f"; lowest vs batch_invariant_ops: {min(vs_tm):.2f} (target >= 1.0)" if vs_tm else "")
+                + ". o and down are row-parallel (4-chunk K tree), the rest one chain over K.", "",
+                "| M | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        for m in ms:
+            line = []
+            for nm in names:
+                shape = next((r["shape"] for r in cells if r["shape"].startswith(f"{model}.{nm} M={m} ")), None)
+                v = _get(rows, "gemm", "strict", shape, "ratio_vs_native") if shape else None
+                t = _get(rows, "gemm", "strict", shape, "ratio_vs_batch_invariant_ops") if shape else None
+                line.append("-" if v is None else f"{v:.2f}" + (f" · {t:.2f}" if t is not None else ""))
+            out.append(f"| {m} | " + " | ".join(line) + " |")
+        out.append("")
+    return out
+
+
 def render(rows: list[dict]) -> str:
     """BENCHMARKS.md from the rows: each table only reads them."""
     if not rows:
@@ -307,21 +403,7 @@ def render(rows: list[dict]) -> str:
     out = ["# Benchmarks: strict Triton kernels vs native", "",
            f"Device: {dev}. Commit: {commit}. Ratio = native time / strict time (>= 0.9 is the target; "
            "higher is faster). Rendered by `rlkit.bench.kernels.render` from bench.jsonl.", ""]
-    shapes = [r["shape"] for r in rows if r["op"] == "gemm" and r["metric"] == "ratio_vs_native" and r["impl"] == "strict"]
-    if shapes:
-        names = list(dict.fromkeys(s.split()[0] for s in shapes))
-        ms = list(dict.fromkeys(int(s.split()[1][2:]) for s in shapes))
-        out += ["## GEMM (Qwen3-8B shapes, bf16): strict / cuBLAS speed ratio", "",
-                "| M | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-        for m in ms:
-            cells = []
-            for nm in names:
-                s = next((x for x in shapes if x.startswith(f"{nm} M={m} ")), None)
-                v = _get(rows, "gemm", "strict", s, "ratio_vs_native") if s else None
-                tf = _get(rows, "gemm", "strict", s, "TFLOP/s") if s else None
-                cells.append(f"{v:.2f} ({tf:.0f} TF)" if v is not None else "-")
-            out.append(f"| {m} | " + " | ".join(cells) + " |")
-        out.append("")
+    out += _render_gemm(rows)
     for op, title in (("attention", "Attention prefill (causal, D=128, 32 q / 8 kv heads) vs SDPA flash"),
                       ("paged_decode", "Paged decode vs native SDPA decode over the same KV"),
                       ("logprob", "Strict logprob vs torch.mm + log_softmax (lm_head 4096 -> 151,936)"),

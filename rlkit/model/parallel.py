@@ -4,7 +4,7 @@ A rank of a tensor-parallel group of `size` holds:
 - q_proj, k_proj, v_proj, gate_proj, up_proj: column-parallel, its slice of the output rows (query heads
   rank*H/size ..., the KV heads those query heads read, its slice of the MLP);
 - o_proj, down_proj: row-parallel, its slice of the input columns; the product is reduced over the group
-  by `rlkit.ops.linear(..., tp_size=size)`: strict, the rank's K subtree in fp32 and the contract's
+  by `rlkit.ops.linear(..., row_parallel=True, tp_size=size)`: strict, the rank's K subtree in fp32 and the contract's
   canonical all-reduce (kernels/collectives.py), so the sum has the bits of the unsharded GEMM;
 - embedding, norms, lm_head: whole (every rank computes the same logits and samples the same tokens).
 When there are fewer KV heads than ranks, a KV head is replicated on the ranks whose query heads read it

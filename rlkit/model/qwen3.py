@@ -71,18 +71,24 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Module):
-    """y = x @ weight.T; with `reduce_over` (a row-parallel shard) summed over the tensor-parallel group."""
+    """y = x @ weight.T. `row_parallel` (o_proj, down_proj): the layer whose K tensor parallelism splits,
+    whose strict K reduction is the contract's chunk tree at every TP size; with `reduce_over` (a shard
+    of it) the result is summed over the tensor-parallel group."""
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype,
-                 reduce_over: TensorParallel | None = None):
+                 reduce_over: TensorParallel | None = None, row_parallel: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+        self.row_parallel = row_parallel
         self.reduce_over = reduce_over if reduce_over is not None and reduce_over.size > 1 else None
+        if self.reduce_over is not None and not row_parallel:
+            raise ValueError("only a row-parallel Linear is reduced over a tensor-parallel group")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.reduce_over is None:
-            return ops.linear(x, self.weight)
-        return ops.linear(x, self.weight, tp_group=self.reduce_over.group, tp_size=self.reduce_over.size)
+            return ops.linear(x, self.weight, row_parallel=self.row_parallel)
+        return ops.linear(x, self.weight, row_parallel=True, tp_group=self.reduce_over.group,
+                          tp_size=self.reduce_over.size)
 
 
 class Rope(nn.Module):
@@ -114,7 +120,7 @@ class Qwen3Attention(nn.Module):
         self.q_proj = Linear(h, self.heads * d, dt)
         self.k_proj = Linear(h, self.kv_heads * d, dt)
         self.v_proj = Linear(h, self.kv_heads * d, dt)
-        self.o_proj = Linear(self.heads * d, h, dt, reduce_over=tp)
+        self.o_proj = Linear(self.heads * d, h, dt, reduce_over=tp, row_parallel=True)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dt)
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dt)
         self.q_rope = Rope(cfg.rope_theta)
@@ -141,7 +147,7 @@ class Qwen3MLP(nn.Module):
         dt, h, i = cfg.torch_dtype, cfg.hidden_size, tp.intermediate(cfg)
         self.gate_proj = Linear(h, i, dt)
         self.up_proj = Linear(h, i, dt)
-        self.down_proj = Linear(i, h, dt, reduce_over=tp)
+        self.down_proj = Linear(i, h, dt, reduce_over=tp, row_parallel=True)
         self.act = SwiGLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

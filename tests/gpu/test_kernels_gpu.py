@@ -3,10 +3,12 @@
 Run on the H200: `pip install --no-deps --no-build-isolation -e .` then `python -m pytest -q tests/gpu`
 (lab/gpu_run.py does it with the benchmarks). Two kinds of assertion, kept apart (STYLE.md rule 2): closeness with a tolerance, and
 bitwise invariance with none. Sizes are chosen either side of every launch threshold:
-- GEMM: M <= 64 runs the swapped decode kernel (token tiles of 16/32/64), M > 64 the 128x128 tile kernel,
-  whose K chunks run in one program or split over C programs depending on the tile count (for N = 4096
-  the switch is at M = 512 on 132 SMs). Every M in M_SWEEP below is compared with the same rows inside
-  a batch of 4096, and every launch configuration with every other.
+- GEMM (contract v3: one chain over K for column-parallel layers, the 4-chunk tree for row-parallel
+  ones; both are tested): M <= 64 runs the swapped decode kernel (token tiles of 16/32/64), M > 64 the
+  persistent TMA kernel whose tile shrinks (128x256 -> 64x64) until every SM has a tile, and whose K
+  chunks split over C programs when even 64x64 tiles leave SMs idle. Every M in M_SWEEP below is
+  compared with the same rows inside a batch of 4096, and every launch configuration (TMA and the
+  pointer-load kernels) with every other.
 - attention: split 256 / block 32 boundaries (255, 256, 257, 511, 512, 513 keys), 64-row tiles, fused
   vs split-parallel decode.
 """
@@ -21,6 +23,7 @@ from rlkit.types import AttentionLayout
 
 pytestmark = pytest.mark.gpu
 C = NumericsContract.default()
+V2 = NumericsContract.named("qwen3-dense-strict-v2")
 DEV = "cuda"
 M_SWEEP = [1, 2, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513,
            1000, 2048, 4096]
@@ -37,24 +40,31 @@ def randn(*shape, scale=1.0, dtype=torch.bfloat16, seed=0):
 
 
 # -- GEMM ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("row_parallel", [False, True])
 @pytest.mark.parametrize("m", [1, 64, 300, 2048])
-def test_gemm_close_to_fp64(m):
+def test_gemm_close_to_fp64(m, row_parallel):
     x, w = randn(m, 4096, seed=1), randn(1536, 4096, scale=0.02, seed=2)
-    y = gemm.strict(x, w, C)
+    y = gemm.strict(x, w, C, row_parallel=row_parallel)
     assert y.dtype == torch.bfloat16
     assert rel(y, x.double() @ w.double().T) < 1e-2
 
 
-@pytest.mark.parametrize("k, n", [(4096, 4096), (12288, 4096), (1024, 3072)])
-def test_gemm_rows_do_not_depend_on_the_batch(k, n):
-    """Every M of M_SWEEP (both kernels, split and unsplit tiles) against the same rows in a batch of
-    4096; and rows alone."""
+@pytest.mark.parametrize("row_parallel", [False, True])
+@pytest.mark.parametrize("k, n", [(4096, 4096), (12288, 4096), (1024, 3072), (1024, 151936)])
+def test_gemm_rows_do_not_depend_on_the_batch(k, n, row_parallel):
+    """Every M of M_SWEEP (every kernel and tile the plan picks, split and persistent) against the same
+    rows in a batch of 4096; and rows alone."""
     x, w = randn(4096, k, seed=3), randn(n, k, scale=0.02, seed=4)
-    full = gemm.strict(x, w, C)
+    full = gemm.strict(x, w, C, row_parallel=row_parallel)
+    kinds = set()
     for m in M_SWEEP:
-        assert_bitwise_equal(gemm.strict(x[:m], w, C), full[:m], f"first {m} rows vs inside 4096 (K={k}, N={n})")
+        y, launches = gemm.triton_launch(x[:m], w, C, 1, torch.bfloat16, row_parallel=row_parallel)
+        kinds.update((ln.kernel, ln.plan.get("BM"), ln.plan.get("BN"), ln.plan.get("split")) for ln in launches)
+        assert_bitwise_equal(y, full[:m], f"first {m} rows vs inside 4096 (K={k}, N={n}, row_parallel={row_parallel})")
     for r in (0, 17, 4095):
-        assert_bitwise_equal(gemm.strict(x[r : r + 1], w, C), full[r : r + 1], f"row {r} alone")
+        assert_bitwise_equal(gemm.strict(x[r : r + 1], w, C, row_parallel=row_parallel), full[r : r + 1],
+                             f"row {r} alone")
+    print(f"K={k} N={n} row_parallel={row_parallel}: plans {sorted(kinds, key=str)}")
 
 
 CONFIGS = [
@@ -68,24 +78,44 @@ CONFIGS = [
     dict(kind="tiles", BM=128, BN=64, GROUP_M=4, split=False, num_warps=4, num_stages=5),
     dict(kind="stash", BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=3),
     dict(kind="stash", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=4, programs_per_sm=2),
+    dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=4),
+    dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=3, programs_per_sm=2),
+    dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=False, num_warps=4, num_stages=4),
+    dict(kind="tma", BM=64, BN=64, GROUP_M=4, split=False, num_warps=4, num_stages=5),
+    dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=4),
+    dict(kind="tma", BM=64, BN=64, GROUP_M=8, split=True, num_warps=4, num_stages=5),
 ]
+ONE_CHAIN_ONLY = [dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3)]
+"""A 128x256 tile holds one accumulator of 128 registers a thread: the plan never gives it C > 1."""
 
 
-@pytest.mark.parametrize("m", [1, 40, 200])
-def test_gemm_every_launch_configuration_gives_the_same_bits(m):
-    """The tile shapes, warps, stages and chunk placement are layout only: identical bits."""
+@pytest.mark.parametrize("row_parallel", [False, True])
+@pytest.mark.parametrize("m", [1, 40, 200, 1000])
+def test_gemm_every_launch_configuration_gives_the_same_bits(m, row_parallel):
+    """The tile shapes, warps, stages, TMA or pointer loads, persistent or not, and chunk placement are
+    layout only: identical bits."""
     x, w = randn(m, 4096, seed=5), randn(2048, 4096, scale=0.02, seed=6)
-    base = gemm.triton_partial(x, w, C, 1, torch.bfloat16, config=CONFIGS[0])
-    for cfg in CONFIGS[1:]:
-        assert_bitwise_equal(gemm.triton_partial(x, w, C, 1, torch.bfloat16, config=cfg), base, f"{cfg} vs {CONFIGS[0]}")
+    base = gemm.triton_partial(x, w, C, 1, torch.bfloat16, config=CONFIGS[0], row_parallel=row_parallel)
+    for cfg in CONFIGS[1:] + ([] if row_parallel else ONE_CHAIN_ONLY):
+        y = gemm.triton_partial(x, w, C, 1, torch.bfloat16, config=cfg, row_parallel=row_parallel)
+        assert_bitwise_equal(y, base, f"{cfg} vs {CONFIGS[0]} (row_parallel={row_parallel})")
+
+
+@pytest.mark.parametrize("m", [1, 64, 300, 2048])
+def test_gemm_v3_row_parallel_layers_keep_v2_bits(m):
+    """Contract v3 changed only the column-parallel GEMMs: a row-parallel layer (now the TMA kernel at
+    M > 64) gives exactly v2's bits (v2's pointer-load split kernel)."""
+    x, w = randn(m, 4096, seed=15), randn(2048, 4096, scale=0.02, seed=16)
+    assert_bitwise_equal(gemm.strict(x, w, C, row_parallel=True), gemm.strict(x, w, V2), f"v3 row-par. vs v2 M={m}")
 
 
 def test_gemm_split_combine_is_deterministic():
     """The atomic last-arriver combine: 20 launches give one answer (a race would move bits)."""
-    x, w = randn(8, 4096, seed=7), randn(4096, 4096, scale=0.02, seed=8)
-    first = gemm.strict(x, w, C)
-    for i in range(20):
-        assert_bitwise_equal(gemm.strict(x, w, C), first, f"launch {i}")
+    for m in (8, 300):  # the swapped kernel's and the TMA kernel's split combine (row-parallel: 4 chunks)
+        x, w = randn(m, 4096, seed=7), randn(1024, 4096, scale=0.02, seed=8)
+        first = gemm.strict(x, w, C, row_parallel=True)
+        for i in range(20):
+            assert_bitwise_equal(gemm.strict(x, w, C, row_parallel=True), first, f"M={m} launch {i}")
 
 
 def test_gemm_tensor_parallel_subtrees():
@@ -93,6 +123,8 @@ def test_gemm_tensor_parallel_subtrees():
     whole = gemm.strict_partial(x, w, C)
     halves = [gemm.strict_partial(x[:, s : s + 2048], w[:, s : s + 2048], C, shards=2) for s in (0, 2048)]
     assert_bitwise_equal(halves[0] + halves[1], whole, "TP2 subtrees vs whole")
+    quarters = [gemm.strict_partial(x[:, s : s + 1024], w[:, s : s + 1024], C, shards=4) for s in range(0, 4096, 1024)]
+    assert_bitwise_equal((quarters[0] + quarters[1]) + (quarters[2] + quarters[3]), whole, "TP4 subtrees vs whole")
 
 
 def test_gemm_native_control_differs():

@@ -27,7 +27,7 @@ def _row_parallel_rank(rank, world, path):
     w = torch.randn(80, 256, generator=g).bfloat16()
     k = 256 // world
     with ops.use_contract(NumericsContract.default().with_ops(linear=path, all_reduce=path)):
-        return ops.linear(x[:, rank * k : (rank + 1) * k], w[:, rank * k : (rank + 1) * k],
+        return ops.linear(x[:, rank * k : (rank + 1) * k], w[:, rank * k : (rank + 1) * k], row_parallel=True,
                           tp_group=dist.group.WORLD, tp_size=world)
 
 
@@ -44,7 +44,7 @@ def test_row_parallel_linear_is_layout_invariant():
     g = torch.Generator().manual_seed(5)
     x = torch.randn(37, 256, generator=g).bfloat16()
     w = torch.randn(80, 256, generator=g).bfloat16()
-    assert_bitwise_equal(tp1, ops.linear(x, w), "TP1 under gloo vs plain strict linear")
+    assert_bitwise_equal(tp1, ops.linear(x, w, row_parallel=True), "TP1 under gloo vs plain strict linear")
     for world in (2, 4):
         for rank, got in enumerate(results[world]):
             assert_bitwise_equal(got, tp1, f"TP{world} rank {rank} vs TP1")

@@ -1,7 +1,8 @@
 """Strict GEMM: close to fp64; a row's bits do not depend on its batch; native may (negative control).
 
 Thresholds: the CPU reference issues GEMM calls of exactly `row_tile` (16) rows, so batch sizes are taken
-on both sides of 16 and 32 (15, 16, 17, 31, 32, 33) and far past them; K is cut into `k_chunks` (4).
+on both sides of 16 and 32 (15, 16, 17, 31, 32, 33) and far past them; K is cut into `k_chunks` (4) for a
+row-parallel layer and `column_k_chunks` (1, contract v3) for every other GEMM.
 """
 
 import pytest
@@ -57,9 +58,28 @@ def test_partial_shards_are_subtrees_of_the_whole():
     """The 4-chunk tree ((c0+c1)+(c2+c3)) equals the tree over two 2-chunk shard partials (TP 2)."""
     x = torch.randn(20, 256)
     w = torch.randn(64, 256)
-    whole = gemm.partial(x, w, C)
-    halves = [gemm.partial(x[:, s : s + 128], w[:, s : s + 128], C, shards=2) for s in (0, 128)]
+    whole = gemm.partial(x, w, C, row_parallel=True)
+    halves = [gemm.partial(x[:, s : s + 128], w[:, s : s + 128], C, shards=2, row_parallel=True)
+              for s in (0, 128)]
     assert_bitwise_equal(halves[0] + halves[1], whole, "two TP shards vs one")
+    with pytest.raises(OpInputError, match="only row-parallel layers split K"):
+        gemm.partial(x[:, :128], w[:, :128], C, shards=2)
+
+
+def test_v3_row_parallel_layers_keep_v2_bits_and_column_layers_sum_k_in_one_chain():
+    """Contract v3: a row-parallel layer (o_proj, down_proj) is v2's 4-chunk tree, bit for bit; every other
+    GEMM is one chain over K, i.e. v2's arithmetic with k_chunks = 1."""
+    v2 = NumericsContract.named("qwen3-dense-strict-v2")
+    x = torch.randn(40, 1024).bfloat16()
+    w = (torch.randn(96, 1024) / 32).bfloat16()
+    assert gemm.chunk_count(C, row_parallel=True) == 4 and gemm.chunk_count(C, row_parallel=False) == 1
+    assert gemm.chunk_count(v2, row_parallel=False) == 4
+    assert_bitwise_equal(gemm.reference(x, w, C, row_parallel=True), gemm.reference(x, w, v2), "v3 row-par. vs v2")
+    one_chain = v2.replace(gemm=GemmSpec(k_chunks=1, column_k_chunks=None))
+    assert_bitwise_equal(gemm.reference(x, w, C), gemm.reference(x, w, one_chain), "v3 column vs one chain")
+    differ = compare(gemm.reference(x, w, C), gemm.reference(x, w, v2), "v3 column vs v2 (4 chunks)")
+    print(differ)  # fp32 sums in another order: they may round to other bf16 values
+    assert rel_err(gemm.reference(x, w, C), x.double() @ w.double().T) < REL_TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("dtype, k", [(torch.float32, 256), (torch.bfloat16, 4096), (torch.bfloat16, 256)])
@@ -85,10 +105,13 @@ def test_bad_inputs_name_the_op_and_shapes():
         gemm.reference(torch.randn(4, 8), torch.randn(3, 16), C)
     with pytest.raises(OpInputError, match="dtype"):
         gemm.reference(torch.randn(4, 16), torch.randn(3, 16).bfloat16(), C)
-    with pytest.raises(OpInputError, match="not divisible into 4 equal chunks"):
-        gemm.reference(torch.randn(4, 18), torch.randn(3, 18), C)
+    with pytest.raises(OpInputError, match=r"not divisible into 4 equal chunks \(contract gemm.k_chunks=4\)"):
+        gemm.reference(torch.randn(4, 18), torch.randn(3, 18), C, row_parallel=True)
+    with pytest.raises(OpInputError, match=r"not divisible into 2 equal chunks \(contract gemm.column_k_chunks=2\)"):
+        gemm.reference(torch.randn(4, 9), torch.randn(3, 9), C.replace(gemm=GemmSpec(column_k_chunks=2)))
     with pytest.raises(OpInputError, match="shards do not divide"):
-        gemm.partial(torch.randn(4, 16), torch.randn(3, 16), C.replace(gemm=GemmSpec(k_chunks=2)), shards=4)
+        gemm.partial(torch.randn(4, 16), torch.randn(3, 16), C.replace(gemm=GemmSpec(k_chunks=2)), shards=4,
+                     row_parallel=True)
 
 
 def test_weight_chunk_cache_holds_its_weights_weakly_and_follows_in_place_updates():

@@ -11,7 +11,7 @@ decides every bit of the forward:
 | input_layernorm / pre_mlp_layernorm    | StrictRMSNorm                | ops.rms_norm                           |
 | final_layernorm, q_layernorm, k_layernorm | StrictRMSNorm             | ops.rms_norm (per head for q/k)        |
 | linear_qkv, linear_fc1 (column-par.)   | StrictColumnParallelLinear   | ops.linear on the local output shard   |
-| linear_proj, linear_fc2 (row-parallel) | StrictRowParallelLinear      | ops.linear(..., tp_group, tp_size)     |
+| linear_proj, linear_fc2 (row-parallel) | StrictRowParallelLinear      | ops.linear(..., row_parallel, tp_*)    |
 | core_attention                         | StrictCoreAttention          | ops.rope on q, k; ops.attention, prefill layout over the packed sequences |
 | mlp activation                         | StrictSwiGLU                 | ops.swiglu(gate, up) on fc1's halves   |
 | embedding.word_embeddings              | StrictVocabParallelEmbedding | a lookup; TP shards are selected, never summed |
@@ -109,8 +109,8 @@ class _RowLinear(torch.autograd.Function):
     def forward(ctx, x, w, tp_group, tp_size: int):
         ctx.save_for_backward(x, w)
         if tp_size == 1:
-            return ops.linear(x, w)
-        return ops.linear(x, w, tp_group=tp_group, tp_size=tp_size)
+            return ops.linear(x, w, row_parallel=True)
+        return ops.linear(x, w, row_parallel=True, tp_group=tp_group, tp_size=tp_size)
 
     @staticmethod
     def backward(ctx, dy):
