@@ -431,31 +431,54 @@ def _tma_chain(x_desc, w_desc, off_m, off_n, k_lo, KC, BM: tl.constexpr, BN: tl.
 
 
 @jit
-def _tma_tree(x_desc, w_desc, off_m, off_n, KC, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-              BK: tl.constexpr):
-    """The C chunk sums of one tile, added in registers in the pairwise tree (C in 1, 2, 4): at most three
-    accumulators live (C = 4: (c0 + c1) waits while c2 and c3 are summed)."""
+def _tma_tree(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C: tl.constexpr, STASH: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """The C chunk sums of one tile (C in 1, 2, 4) added in the pairwise tree ((c0 + c1) + (c2 + c3)).
+    Where the tree's pending operands wait (the order of additions is the same in every form):
+    STASH = 0: in registers (C = 4: three accumulators live while c3 is summed); STASH = 1: (c0 + c1) in
+    this program's fp32 slot s0 (two live); STASH = 2: every pending operand in slots s0/s1 (one
+    accumulator live while a chunk is summed)."""
     if C == 1:
         tot = _tma_chain(x_desc, w_desc, off_m, off_n, 0, KC, BM, BN, BK)
     elif C == 2:
-        c0 = _tma_chain(x_desc, w_desc, off_m, off_n, 0, KC, BM, BN, BK)
-        tot = c0 + _tma_chain(x_desc, w_desc, off_m, off_n, KC, KC, BM, BN, BK)
-    else:
+        if STASH == 2:
+            _stash_store(s0, loc, _tma_chain(x_desc, w_desc, off_m, off_n, 0, KC, BM, BN, BK))
+            c1 = _tma_chain(x_desc, w_desc, off_m, off_n, KC, KC, BM, BN, BK)
+            tot = _stash_load(s0, loc) + c1
+        else:
+            c0 = _tma_chain(x_desc, w_desc, off_m, off_n, 0, KC, BM, BN, BK)
+            tot = c0 + _tma_chain(x_desc, w_desc, off_m, off_n, KC, KC, BM, BN, BK)
+    elif STASH == 0:
         c0 = _tma_chain(x_desc, w_desc, off_m, off_n, 0, KC, BM, BN, BK)
         s01 = c0 + _tma_chain(x_desc, w_desc, off_m, off_n, KC, KC, BM, BN, BK)
         c2 = _tma_chain(x_desc, w_desc, off_m, off_n, 2 * KC, KC, BM, BN, BK)
         tot = s01 + (c2 + _tma_chain(x_desc, w_desc, off_m, off_n, 3 * KC, KC, BM, BN, BK))
+    elif STASH == 1:
+        c0 = _tma_chain(x_desc, w_desc, off_m, off_n, 0, KC, BM, BN, BK)
+        _stash_store(s0, loc, c0 + _tma_chain(x_desc, w_desc, off_m, off_n, KC, KC, BM, BN, BK))
+        c2 = _tma_chain(x_desc, w_desc, off_m, off_n, 2 * KC, KC, BM, BN, BK)
+        c23 = c2 + _tma_chain(x_desc, w_desc, off_m, off_n, 3 * KC, KC, BM, BN, BK)
+        tot = _stash_load(s0, loc) + c23
+    else:
+        _stash_store(s0, loc, _tma_chain(x_desc, w_desc, off_m, off_n, 0, KC, BM, BN, BK))
+        c1 = _tma_chain(x_desc, w_desc, off_m, off_n, KC, KC, BM, BN, BK)
+        _stash_store(s0, loc, _stash_load(s0, loc) + c1)                        # c0 + c1
+        _stash_store(s1, loc, _tma_chain(x_desc, w_desc, off_m, off_n, 2 * KC, KC, BM, BN, BK))
+        c3 = _tma_chain(x_desc, w_desc, off_m, off_n, 3 * KC, KC, BM, BN, BK)
+        c23 = _stash_load(s1, loc) + c3                                          # c2 + c3
+        tot = _stash_load(s0, loc) + c23
     return tot
 
 
 @jit(do_not_specialize=["M", "programs"])
 def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_y, programs,
-                     C: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     BK: tl.constexpr, GROUP_M: tl.constexpr):
+                     C: tl.constexpr, SPLIT: tl.constexpr, STASH: tl.constexpr, BM: tl.constexpr,
+                     BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
     """Hopper GEMM by TMA tiles. SPLIT=False: a persistent grid of `programs`, each walking the output
     tiles pid, pid + programs, ... in grouped order and adding a tile's C chunk sums in registers.
     SPLIT=True (few tiles, C > 1): program (tile, chunk) sums one chunk; the last of a tile's C programs
-    adds the C fp32 partials in the tree (`_arrive_and_combine`). Same chains, same tree: same bits."""
+    adds the C fp32 partials in the tree (`_arrive_and_combine`). Same chains, same tree: same bits.
+    STASH > 0 (SPLIT=False, C > 1): the program's two fp32 slots of BM x BN are ws[pid] (see _tma_tree)."""
     if SPLIT:
         tile = tl.program_id(0)
         chunk = tl.program_id(1)
@@ -469,9 +492,12 @@ def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_y,
                             offs_m[:, None].to(tl.int64) * stride_y + offs_n[None, :], C)
     else:
         tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+        loc = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+        s0 = ws_ptr + tl.program_id(0).to(tl.int64) * (2 * BM * BN)
+        s1 = s0 + BM * BN
         for tile in tl.range(tl.program_id(0), tiles, programs, flatten=False):
             off_m, off_n = _grouped_origin(tile, M, N, BM, BN, GROUP_M)
-            tot = _tma_tree(x_desc, w_desc, off_m, off_n, KC, C, BM, BN, BK)
+            tot = _tma_tree(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C, STASH, BM, BN, BK)
             offs_m = off_m + tl.arange(0, BM)
             offs_n = off_n + tl.arange(0, BN)
             mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -486,14 +512,24 @@ SMALL_M = 64
 TMA_CHUNKS = (1, 2, 4)
 """Chunk counts the TMA kernel adds in registers (C = 8 goes to the pointer-load split kernel)."""
 
-TMA_TILES = (  # (BM, BN, num_warps, num_stages), largest first
-    (128, 256, 8, 3),
-    (128, 128, 8, 4),
-    (64, 128, 4, 4),
-    (64, 64, 4, 5),
+TMA_TILES = (  # (BM, BN, num_warps, num_stages, relative speed of one tile's work when every SM is busy)
+    (128, 256, 8, 3, 1.0),
+    (128, 128, 8, 4, 0.93),
+    (64, 128, 4, 4, 0.65),
+    (64, 64, 4, 5, 0.45),
 )
-"""Tile shapes of the TMA kernel, tried largest first: the first that gives every SM a tile (or the
-smallest). All give the same bits (one chain per chunk; tests/gpu/test_kernels_gpu.py)."""
+"""One-chain tile shapes of the TMA kernel (all give the same bits: one chain per output element,
+tests/gpu/test_kernels_gpu.py). The last number weighs a tile shape's own efficiency (measured on the
+H200, lab/KERNELS_NOTES.md) against its wave quantization (`_wave_efficiency`)."""
+
+ROW_PARALLEL_TILE = dict(BM=128, BN=128, stash=1, num_warps=8, num_stages=4)
+"""The 4-chunk tree's tile: (c0 + c1) waits in an fp32 slot, so two accumulators are live (three in
+registers measured 0.3x cuBLAS)."""
+
+
+def _wave_efficiency(tiles: int, sms: int) -> float:
+    """Busy fraction of the SMs over ceil(tiles / sms) waves of equal tiles."""
+    return tiles / (_tr.cdiv(tiles, sms) * sms)
 
 
 def tma_capable(device: torch.device) -> bool:
@@ -508,31 +544,36 @@ def plan(m: int, n: int, device: torch.device, override: dict | None = None, chu
     """Launch configuration for an [m, K] x [n, K]^T product over `chunks` K chunks of `k_chunk`
     elements, fixed per shape (measured on the H200, lab/KERNELS_NOTES.md; none of these choices changes
     a bit, tests/gpu prove it):
-    - M <= 16: swapped, 128 weight rows a program (two wgmma M=64 halves, 4 warps; 64 when N/128 x C
-      chunk programs would not give every SM two), 16 token columns (the smallest wgmma N Triton
-      emits), 4 stages of 64-wide K steps (~80 KB of weights in flight);
+    - M <= 4: swapped, 128 weight rows a program (two wgmma M=64 halves, 4 warps), 16 token columns (the
+      smallest wgmma N Triton emits), 4 stages of 64-wide K steps;
+    - 4 < M <= 16: swapped, 64 weight rows, 16 tokens, 5 stages;
     - 16 < M <= 64: swapped, 64 weight rows x 64 tokens (one token tile, so the weights stream once);
-    - M > 64 on Hopper (bf16/fp16, chunks in TMA_CHUNKS, chunk a whole number of K steps): the TMA
-      kernel, persistent, the largest tile of TMA_TILES that still gives every SM a tile; C = 4 keeps
-      three accumulators live, so its tiles are at most 128 x 128; when even the smallest tile leaves
-      SMs idle and C > 1, the chunks go to their own programs (SPLIT);
+    - M > 64 on Hopper (bf16/fp16, chunks in TMA_CHUNKS, a chunk a whole number of K steps): the TMA
+      kernel, persistent. One chain (C = 1): the TMA_TILES shape with the best tile efficiency x wave
+      efficiency. The 4-chunk tree: ROW_PARALLEL_TILE, or, when its tiles leave SMs idle, each chunk in
+      its own program (SPLIT) on the TMA_TILES shape that fills the most SMs;
     - otherwise: 128 x 256 pointer-load tiles, each K chunk in its own program (SPLIT)."""
     if override:
         return dict(override)
-    if m <= 16:  # 128 weight rows a program unless that leaves fewer than two programs per SM
-        bn = 128 if _tr.cdiv(n, 128) * chunks >= 2 * _tr.sm_count(device) else 64
-        return dict(kind="swapped", BN=bn, BT=16, num_warps=4, num_stages=4)
+    if m <= 4:
+        return dict(kind="swapped", BN=128, BT=16, num_warps=4, num_stages=4)
+    if m <= 16:
+        return dict(kind="swapped", BN=64, BT=16, num_warps=4, num_stages=5)
     if m <= SMALL_M:
         return dict(kind="swapped", BN=64, BT=64, num_warps=4, num_stages=4)
     if (tma_capable(device) and dtype in (torch.bfloat16, torch.float16) and chunks in TMA_CHUNKS
             and k_chunk > 0 and k_chunk % bk == 0):
         sms = _tr.sm_count(device)
-        tiles = [t for t in TMA_TILES if chunks < 4 or t[0] * t[1] <= 128 * 128]
-        for bm, bn, warps, stages in tiles:
-            if _tr.cdiv(m, bm) * _tr.cdiv(n, bn) >= sms:
-                break
-        split = chunks > 1 and _tr.cdiv(m, bm) * _tr.cdiv(n, bn) < sms
-        return dict(kind="tma", BM=bm, BN=bn, GROUP_M=8, split=split, num_warps=warps, num_stages=stages)
+        if chunks == 1:
+            bm, bn, warps, stages, _ = max(
+                TMA_TILES, key=lambda t: t[4] * _wave_efficiency(_tr.cdiv(m, t[0]) * _tr.cdiv(n, t[1]), sms))
+            return dict(kind="tma", BM=bm, BN=bn, GROUP_M=8, split=False, num_warps=warps, num_stages=stages)
+        t = ROW_PARALLEL_TILE
+        if _tr.cdiv(m, t["BM"]) * _tr.cdiv(n, t["BN"]) >= sms:
+            return dict(kind="tma", GROUP_M=8, split=False, **t)
+        bm, bn, warps, stages, _ = max(
+            TMA_TILES[1:], key=lambda t: _wave_efficiency(_tr.cdiv(m, t[0]) * _tr.cdiv(n, t[1]) * chunks, sms))
+        return dict(kind="tma", BM=bm, BN=bn, GROUP_M=8, split=True, num_warps=warps, num_stages=stages)
     return dict(kind="tiles", BM=128, BN=256, GROUP_M=8, split=True, num_warps=8, num_stages=3)
 
 
@@ -553,6 +594,18 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     bufs = _COUNTERS.setdefault(str(device), [])
     if not bufs or bufs[-1].numel() < n:
         bufs.append(torch.zeros(max(n, 1 << 16), dtype=torch.int32, device=device))
+    return bufs[-1]
+
+
+_SLOTS: dict[str, list[torch.Tensor]] = {}
+"""str(device) -> fp32 stash-slot buffers of the TMA kernel, the newest (largest) last; like the counters,
+an outgrown buffer is kept (a captured CUDA graph may point at it). Slots hold no state between launches."""
+
+
+def _stash_slots(device: torch.device, n: int) -> torch.Tensor:
+    bufs = _SLOTS.setdefault(str(device), [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.empty(max(n, 1 << 16), dtype=torch.float32, device=device))
     return bufs[-1]
 
 
@@ -643,10 +696,13 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
                 cnt = _counters(x.device, tiles)
             else:
                 grid = (min(tiles, cfg.get("programs_per_sm", 1) * _tr.sm_count(x.device)),)
-                ws = cnt = y  # unused (SPLIT=False never touches them)
+                stash = cfg.get("stash", 0) if c > 1 else 0
+                ws = _stash_slots(x.device, grid[0] * 2 * bm * bn if stash else 1)
+                cnt = ws  # no counters without SPLIT
             compiled = _gemm_tma_kernel[grid](
-                x_desc, w_desc, ys, ws, cnt, ms, n, kc, ys.stride(0), grid[0], C=c, SPLIT=split, BM=bm, BN=bn,
-                BK=bk, GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
+                x_desc, w_desc, ys, ws, cnt, ms, n, kc, ys.stride(0), grid[0], C=c, SPLIT=split,
+                STASH=0 if split else stash, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"],
+                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
             launches.append(_tr.Launch("tma", dict(cfg, grid=grid, C=c, BK=bk, split=split), compiled))
     elif cfg["kind"] == "stash":
         tiles = _tr.cdiv(m, cfg["BM"]) * _tr.cdiv(n, cfg["BN"])

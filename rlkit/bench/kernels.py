@@ -95,6 +95,18 @@ TUNE_CONFIGS = {  # candidates timed beside the default plan (gemm.plan); each m
               dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=4),
               dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=True, num_warps=4, num_stages=4),
               dict(kind="tma", BM=64, BN=64, GROUP_M=8, split=True, num_warps=4, num_stages=5)],
+    "row_parallel": [dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, stash=1, num_warps=8, num_stages=4),
+                     dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, stash=2, num_warps=8, num_stages=4),
+                     dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, stash=2, num_warps=8, num_stages=3),
+                     dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, stash=1, num_warps=8, num_stages=3,
+                          programs_per_sm=2),
+                     dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, stash=1, num_warps=4, num_stages=5),
+                     dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, stash=2, num_warps=4, num_stages=5),
+                     dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=False, stash=1, num_warps=4, num_stages=4),
+                     dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, num_warps=4, num_stages=5),
+                     dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=4),
+                     dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=True, num_warps=4, num_stages=4),
+                     dict(kind="tma", BM=64, BN=64, GROUP_M=8, split=True, num_warps=4, num_stages=5)],
 }
 
 
@@ -163,9 +175,8 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False)
                     f"{key}={plan[key]}" for key in ("kind", "BM", "BN", "BT", "split", "num_warps", "num_stages")
                     if key in plan), 1.0)
                 if tune:
-                    for i, cfg in enumerate(TUNE_CONFIGS["small" if m <= gemm.SMALL_M else "large"]):
-                        if cfg["kind"] == "tma" and row_par and cfg["BM"] * cfg["BN"] > 128 * 128 and not cfg["split"]:
-                            continue  # three live 128x256 accumulators: the plan never picks it
+                    group = "small" if m <= gemm.SMALL_M else "row_parallel" if row_par else "large"
+                    for i, cfg in enumerate(TUNE_CONFIGS[group]):
                         try:
                             same = torch.equal(gemm.triton_partial(x, w, c, 1, torch.bfloat16, config=cfg,
                                                                    row_parallel=row_par), y)

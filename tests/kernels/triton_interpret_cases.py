@@ -92,6 +92,8 @@ TMA_CONFIGS = [  # the Hopper TMA kernel (fp16 here: the interpreter computes bf
     dict(kind="tma", BM=64, BN=64, GROUP_M=2, split=False, num_warps=4, num_stages=2),
     dict(kind="tma", BM=32, BN=64, GROUP_M=1, split=False, num_warps=4, num_stages=2, programs_per_sm=1),
     dict(kind="tma", BM=64, BN=32, GROUP_M=2, split=True, num_warps=4, num_stages=2),
+    dict(kind="tma", BM=64, BN=64, GROUP_M=2, split=False, stash=1, num_warps=4, num_stages=2),
+    dict(kind="tma", BM=32, BN=64, GROUP_M=2, split=False, stash=2, num_warps=4, num_stages=2),
 ]
 
 
@@ -247,7 +249,7 @@ def test_launches_return_their_plan_and_leave_no_module_state():
     from rlkit.types import AttentionLayout
     x, w = torch.randn(5, 128, generator=g(40)), torch.randn(96, 128, generator=g(41))
     y, launches = gemm.triton_launch(x, w, C, 1, torch.float32)
-    assert [ln.kernel for ln in launches] == ["swapped"] and launches[0].plan["C"] == C.gemm.k_chunks
+    assert [ln.kernel for ln in launches] == ["swapped"] and launches[0].plan["C"] == C.gemm.column_k_chunks
     assert_bitwise_equal(gemm.triton_partial(x, w, C, 1, torch.float32), y, "triton_partial = triton_launch[0]")
     q, k = torch.randn(20, H, D, generator=g(42)), torch.randn(20, KVH, D, generator=g(43))
     lay = AttentionLayout.prefill(torch.tensor([0, 20]))
