@@ -522,9 +522,14 @@ TMA_TILES = (  # (BM, BN, num_warps, num_stages, relative speed of one tile's wo
 tests/gpu/test_kernels_gpu.py). The last number weighs a tile shape's own efficiency (measured on the
 H200, lab/KERNELS_NOTES.md) against its wave quantization (`_wave_efficiency`)."""
 
-ROW_PARALLEL_TILE = dict(BM=128, BN=128, stash=1, num_warps=8, num_stages=4)
-"""The 4-chunk tree's tile: (c0 + c1) waits in an fp32 slot, so two accumulators are live (three in
-registers measured 0.3x cuBLAS)."""
+ROW_PARALLEL_TILES = (  # (config, when: the number of its tiles >= this many SMs' worth)
+    (dict(BM=128, BN=128, stash=1, num_warps=8, num_stages=4), 0.9),
+    (dict(BM=128, BN=64, stash=0, num_warps=4, num_stages=5), 0.9),
+)
+"""The 4-chunk tree in one program, measured on the H200 (lab/KERNELS_NOTES.md): 128 x 128 with
+(c0 + c1) waiting in an fp32 slot (two accumulators live; three in registers measured 0.1-0.2x
+cuBLAS), or, with fewer tiles, 128 x 64 with all three in registers (32 a thread each). With fewer
+tiles still, the chunks go to their own programs (SPLIT)."""
 
 
 def _wave_efficiency(tiles: int, sms: int) -> float:
@@ -550,8 +555,8 @@ def plan(m: int, n: int, device: torch.device, override: dict | None = None, chu
     - 16 < M <= 64: swapped, 64 weight rows x 64 tokens (one token tile, so the weights stream once);
     - M > 64 on Hopper (bf16/fp16, chunks in TMA_CHUNKS, a chunk a whole number of K steps): the TMA
       kernel, persistent. One chain (C = 1): the TMA_TILES shape with the best tile efficiency x wave
-      efficiency. The 4-chunk tree: ROW_PARALLEL_TILE, or, when its tiles leave SMs idle, each chunk in
-      its own program (SPLIT) on the TMA_TILES shape that fills the most SMs;
+      efficiency. The 4-chunk tree: the first ROW_PARALLEL_TILES entry with enough tiles, else each chunk
+      in its own program (SPLIT) on the largest TMA_TILES shape giving about two waves of programs;
     - otherwise: 128 x 256 pointer-load tiles, each K chunk in its own program (SPLIT)."""
     if override:
         return dict(override)
@@ -568,11 +573,12 @@ def plan(m: int, n: int, device: torch.device, override: dict | None = None, chu
             bm, bn, warps, stages, _ = max(
                 TMA_TILES, key=lambda t: t[4] * _wave_efficiency(_tr.cdiv(m, t[0]) * _tr.cdiv(n, t[1]), sms))
             return dict(kind="tma", BM=bm, BN=bn, GROUP_M=8, split=False, num_warps=warps, num_stages=stages)
-        t = ROW_PARALLEL_TILE
-        if _tr.cdiv(m, t["BM"]) * _tr.cdiv(n, t["BN"]) >= sms:
-            return dict(kind="tma", GROUP_M=8, split=False, **t)
-        bm, bn, warps, stages, _ = max(
-            TMA_TILES[1:], key=lambda t: _wave_efficiency(_tr.cdiv(m, t[0]) * _tr.cdiv(n, t[1]) * chunks, sms))
+        for cfg, fill in ROW_PARALLEL_TILES:
+            if _tr.cdiv(m, cfg["BM"]) * _tr.cdiv(n, cfg["BN"]) >= fill * sms:
+                return dict(kind="tma", GROUP_M=8, split=False, **cfg)
+        for bm, bn, warps, stages, _ in TMA_TILES[1:]:  # split: the largest tile giving ~2 waves of programs
+            if _tr.cdiv(m, bm) * _tr.cdiv(n, bn) * chunks >= 1.9 * sms:
+                break
         return dict(kind="tma", BM=bm, BN=bn, GROUP_M=8, split=True, num_warps=warps, num_stages=stages)
     return dict(kind="tiles", BM=128, BN=256, GROUP_M=8, split=True, num_warps=8, num_stages=3)
 

@@ -380,10 +380,10 @@ def _render_gemm(rows: list[dict]) -> list[str]:
     """One table per model: strict / cuBLAS speed ratio, and strict / batch_invariant_ops where timed."""
     sel = [r for r in rows if r["op"] == "gemm" and r["impl"] == "strict" and r["metric"] == "ratio_vs_native"]
     out: list[str] = []
-    models = list(dict.fromkeys(r["shape"].split(".")[0] for r in sel if "." in r["shape"].split()[0]))
+    models = list(dict.fromkeys(r["shape"].split()[0].rsplit(".", 1)[0] for r in sel if "." in r["shape"].split()[0]))
     for model in models:
         cells = [r for r in sel if r["shape"].startswith(model + ".")]
-        names = list(dict.fromkeys(r["shape"].split()[0].split(".", 1)[1] for r in cells))
+        names = list(dict.fromkeys(r["shape"].split()[0].rsplit(".", 1)[1] for r in cells))
         ms = list(dict.fromkeys(int(r["shape"].split()[1][2:]) for r in cells))
         ratios = [r["median"] for r in cells]
         vs_tm = [x["median"] for x in rows if x["op"] == "gemm" and x["metric"] == "ratio_vs_batch_invariant_ops"
