@@ -470,33 +470,6 @@ def _tma_tree(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C: tl.constexpr, ST
     return tot
 
 
-@jit
-def _tma_tree_one_loop(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C: tl.constexpr, BM: tl.constexpr,
-                       BN: tl.constexpr, BK: tl.constexpr):
-    """The same C = 4 tree as `_tma_tree`, in ONE pipelined loop over all of K: the accumulator is
-    parked (or added) in the program's fp32 slots at each chunk's end and restarts from zero, so the
-    loads never drain between chunks. The order of every addition is `_tma_tree`'s."""
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    steps = KC // BK
-    tot = tl.zeros((BM, BN), dtype=tl.float32)
-    for kk in range(0, C * steps):
-        a = x_desc.load([off_m, kk * BK])
-        b = w_desc.load([off_n, kk * BK])
-        acc = tl.dot(a, b.T, acc)
-        if (kk + 1) % steps == 0:
-            chunk = kk // steps
-            if chunk == 0:
-                _stash_store(s0, loc, acc)                                     # c0
-            elif chunk == 1:
-                _stash_store(s0, loc, _stash_load(s0, loc) + acc)              # c0 + c1
-            elif chunk == 2:
-                _stash_store(s1, loc, acc)                                     # c2
-            else:
-                tot = _stash_load(s0, loc) + (_stash_load(s1, loc) + acc)      # (c0 + c1) + (c2 + c3)
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-    return tot
-
-
 @jit(do_not_specialize=["M", "programs"])
 def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_y, programs,
                      C: tl.constexpr, SPLIT: tl.constexpr, STASH: tl.constexpr, BM: tl.constexpr,
@@ -505,8 +478,7 @@ def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_y,
     tiles pid, pid + programs, ... in grouped order and adding a tile's C chunk sums in registers.
     SPLIT=True (few tiles, C > 1): program (tile, chunk) sums one chunk; the last of a tile's C programs
     adds the C fp32 partials in the tree (`_arrive_and_combine`). Same chains, same tree: same bits.
-    STASH > 0 (SPLIT=False, C > 1): the program's two fp32 slots of BM x BN are ws[pid] (see _tma_tree;
-    STASH = 3 with C = 4: `_tma_tree_one_loop`)."""
+    STASH > 0 (SPLIT=False, C > 1): the program's two fp32 slots of BM x BN are ws[pid] (see _tma_tree)."""
     if SPLIT:
         tile = tl.program_id(0)
         chunk = tl.program_id(1)
@@ -525,10 +497,7 @@ def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_y,
         s1 = s0 + BM * BN
         for tile in tl.range(tl.program_id(0), tiles, programs, flatten=False):
             off_m, off_n = _grouped_origin(tile, M, N, BM, BN, GROUP_M)
-            if STASH == 3 and C == 4:
-                tot = _tma_tree_one_loop(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C, BM, BN, BK)
-            else:
-                tot = _tma_tree(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C, STASH, BM, BN, BK)
+            tot = _tma_tree(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C, STASH, BM, BN, BK)
             offs_m = off_m + tl.arange(0, BM)
             offs_n = off_n + tl.arange(0, BN)
             mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)

@@ -88,8 +88,6 @@ CONFIGS = [
     dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, stash=2, num_warps=8, num_stages=4),
     dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, stash=2, num_warps=8, num_stages=3),
     dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, stash=1, num_warps=4, num_stages=5),
-    dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, stash=3, num_warps=8, num_stages=4),
-    dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, stash=3, num_warps=8, num_stages=3),
 ]
 ONE_CHAIN_ONLY = [dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3)]
 """A 128x256 tile holds one accumulator of 128 registers a thread: the plan never gives it C > 1."""

@@ -94,7 +94,6 @@ TMA_CONFIGS = [  # the Hopper TMA kernel (fp16 here: the interpreter computes bf
     dict(kind="tma", BM=64, BN=32, GROUP_M=2, split=True, num_warps=4, num_stages=2),
     dict(kind="tma", BM=64, BN=64, GROUP_M=2, split=False, stash=1, num_warps=4, num_stages=2),
     dict(kind="tma", BM=32, BN=64, GROUP_M=2, split=False, stash=2, num_warps=4, num_stages=2),
-    dict(kind="tma", BM=64, BN=64, GROUP_M=2, split=False, stash=3, num_warps=4, num_stages=2),
 ]
 
 
