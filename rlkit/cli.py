@@ -47,10 +47,12 @@ def _stdout_to_stderr():
 
 # -- rlkit parity ------------------------------------------------------------------------------------
 def _add_parity(sub) -> None:
+    from rlkit.contract import NAMES
     from rlkit.model.config import MODEL_PRESETS
 
     p = sub.add_parser("parity", help="run the parity chain and the trainer-vs-decode comparison")
     p.add_argument("--preset", default="tiny", choices=sorted(MODEL_PRESETS))
+    p.add_argument("--contract", default=next(iter(NAMES)), choices=list(NAMES), help="the numerics contract")
     p.add_argument("--path", default="strict", choices=["strict", "native"])
     p.add_argument("--ops", default="", help="per-op overrides, e.g. attention=native,linear=strict")
     p.add_argument("--rollout", default="embedded", choices=["embedded", "vllm"])
@@ -94,7 +96,8 @@ def _cmd_parity(args) -> int:
 # below); a resumed run takes them from its store, and a flag that differs from the stored value is
 # refused (one line naming each), so a resumed run is always the run that was stored.
 RUN_SETTINGS = (
-    ("preset", "model", "tiny"), ("task", "task", "arith"), ("steps", "steps", 50), ("path", "path", "strict"),
+    ("preset", "model", "tiny"), ("task", "task", "arith"), ("steps", "steps", 50), ("contract", "contract_name", None),
+    ("path", "path", "strict"),
     ("ops", "ops", ""), ("runner", "runner", "local"), ("trainer", "trainer", "embedded"),
     ("engines", "engines", 1), ("rollout_tp", "rollout_tp", 1), ("trainer_tp", "trainer_tp", 1),
     ("trainer_pp", "trainer_pp", 1), ("seed", "seed", 0), ("prompts", "prompts_per_step", None),
@@ -116,6 +119,7 @@ refused and writes nothing."""
 
 
 def _add_run(sub) -> None:
+    from rlkit.contract import NAMES
     from rlkit.model.config import MODEL_PRESETS
 
     p = sub.add_parser("run", help="run RL (rollout, reward, recompute, divergence, update, sync)",
@@ -125,6 +129,8 @@ def _add_run(sub) -> None:
     p.add_argument("--preset", choices=sorted(MODEL_PRESETS), help="model preset (default tiny)")
     p.add_argument("--task", choices=["arith", "gsm8k", "dapo"], help="default arith")
     p.add_argument("--steps", type=bounded_positive_int, help="default 50")
+    p.add_argument("--contract", choices=list(NAMES),
+                   help=f"the numerics contract (default {next(iter(NAMES))}, the newest)")
     p.add_argument("--path", choices=["strict", "native"], help="every op's kernel path (default strict)")
     p.add_argument("--ops", help="per-op overrides, e.g. attention=native")
     p.add_argument("--runner", choices=["local", "ray"], help="default local")

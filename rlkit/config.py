@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from rlkit.contract import OPS, NumericsContract
+from rlkit.contract import NAMES, OPS, V2_NAME, V3_NAME, NumericsContract
 from rlkit.rollout.engine import EngineConfig
 from rlkit.train.trainer import OptimConfig
 from rlkit.types import DEFAULT_MAX_TOKENS, SamplingParams
@@ -35,6 +35,9 @@ class RunConfig:
     task: str = "arith"
     """arith | gsm8k | dapo"""
     steps: int = 50
+    contract_name: str = V3_NAME
+    """The numerics contract (a released name, rlkit.contract.NAMES; the newest by default). A store
+    written before this field existed was made under qwen3-dense-strict-v2 and reads back as that."""
     path: str = "strict"
     """The path of every op at the start (before `ops`)."""
     ops: tuple[tuple[str, str], ...] = ()
@@ -90,6 +93,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "ops", _op_pairs(self.ops))
         problems = []
+        if self.contract_name not in NAMES:
+            problems.append(f"contract_name={self.contract_name!r} ({' | '.join(NAMES)})")
         if self.path not in ("strict", "native"):
             problems.append(f"path={self.path!r} (strict | native)")
         for op, path in self.ops:
@@ -140,7 +145,7 @@ class RunConfig:
         return self.replace(dtype=dtype), f"auto: {why}"
 
     def contract(self) -> NumericsContract:
-        base = NumericsContract.default().with_every_op(self.path)
+        base = NumericsContract.named(self.contract_name).with_every_op(self.path)
         return base.with_ops(**dict(self.ops)) if self.ops else base
 
     def to_dict(self) -> dict[str, Any]:
@@ -154,6 +159,7 @@ class RunConfig:
         data = dict(data)
         if "preset" in data:  # stores written before the field was named `model`
             data.setdefault("model", data.pop("preset"))
+        data.setdefault("contract_name", V2_NAME)  # stores written before contract v3
         optim = data.pop("optim", {})
         engine = data.pop("engine", {})
         if "betas" in optim:

@@ -73,8 +73,9 @@ class ParitySettings:
             raise ValueError("--device cuda asked, but torch sees no CUDA device on this machine")
 
     def build_contract(self) -> NumericsContract:
-        base = self.contract or NumericsContract.default()
-        base = base.with_every_op(self.run.path)
+        if self.contract is None:
+            return self.run.contract()
+        base = self.contract.with_every_op(self.run.path)
         return base.with_ops(**dict(self.run.ops)) if self.run.ops else base
 
 
@@ -217,7 +218,8 @@ def report_json(report: ParityReport) -> str:
 def settings_from_args(args) -> ParitySettings:
     """`rlkit parity`'s arguments -> ParitySettings (the CLI's bf16 / fp32 -> the config's dtype names)."""
     contract_ops = NumericsContract.parse_ops(args.ops) if args.ops else {}
-    return parity_settings(model=args.preset, path=args.path, ops=contract_ops, rollout=args.rollout,
+    return parity_settings(model=args.preset, contract_name=args.contract, path=args.path, ops=contract_ops,
+                           rollout=args.rollout,
                            prompts=args.prompts, max_tokens=args.max_tokens, temperature=args.temperature,
                            top_k=args.top_k, top_p=args.top_p, seed=args.seed, dtype=DTYPE_ALIASES[args.dtype],
                            device=args.device)
