@@ -14,8 +14,8 @@ ptxas, the cubin). What is compiled is what the plan functions choose for each t
 
 Resources come from the compiled artifacts: gfx942 from the amdgcn's kernel metadata (VGPRs, AGPRs,
 SGPRs, VGPR/SGPR spill counts, scratch bytes, occupancy) and Triton's LDS request; sm_90 from the
-cubin through the bundled `cuobjdump --dump-resource-usage` (registers; the stack frame, where ptxas
-puts spills, as spills = bytes / 4, which is what Triton reports at load time) and Triton's shared memory.
+cubin through the bundled `cuobjdump --dump-resource-usage` (registers, stack frame), ptxas's own -v
+report of the compile (bytes of spill stores and loads) and Triton's shared memory.
 Rows are long-format JSONL (kernel, plan, target, metric, value, triton, commit); the table in
 BENCHMARKS.md between the compile-report markers only reads them.
 
@@ -148,8 +148,9 @@ def cuobjdump_path() -> Path:
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
-def nvidia_resources(compiled) -> dict[str, float]:
-    """From the cubin (bundled cuobjdump; no driver needed) and Triton's shared-memory request."""
+def nvidia_resources(compiled, ptxas_log: str = "") -> dict[str, float]:
+    """From the cubin (bundled cuobjdump; no driver needed), ptxas's own report of the compile when it
+    ran (`ptxas -v`: spill stores and loads), and Triton's shared-memory request."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
@@ -159,10 +160,29 @@ def nvidia_resources(compiled) -> dict[str, float]:
     if m is None:
         raise ValueError(f"cuobjdump printed no resource usage: {text.strip()[:200]}")
     reg, stack, static_shared, local = map(int, m.groups())
-    # ptxas puts spilled registers in the stack frame; the driver reports stack + local as the function's
-    # local size, which Triton's loader divides by 4 and calls n_spills
-    return dict(registers=reg, spills=(stack + local) // 4, stack_bytes=stack, local_bytes=local,
-                shared_bytes=compiled.metadata.shared, static_shared_bytes=static_shared)
+    # the driver reports stack + local as the function's local size, which Triton's loader divides by 4
+    # and calls n_spills; ptxas says how much of it is spilled registers
+    out = dict(registers=reg, n_spills=(stack + local) // 4, stack_bytes=stack, local_bytes=local,
+               shared_bytes=compiled.metadata.shared, static_shared_bytes=static_shared)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ptxas_log)
+    if spill:
+        out["spill_store_bytes"], out["spill_load_bytes"] = map(int, spill.groups())
+    return out
+
+
+def _compile_with_ptxas_log(call: KernelCall, target: Target):
+    """`compile_call`, with ptxas's -v report captured (Triton prints it when asked; none on a cache hit)."""
+    import contextlib
+    import io
+
+    import triton
+
+    buf = io.StringIO()
+    with triton.knobs.nvidia.scope():
+        triton.knobs.nvidia.dump_ptxas_log = True
+        with contextlib.redirect_stdout(buf):
+            compiled = compile_call(call, target)
+    return compiled, buf.getvalue()
 
 
 def _one_line(e: Exception) -> str:
@@ -179,12 +199,13 @@ def check_one(call: KernelCall, target: Target) -> Result:
     res = Result(call, target)
     t0 = time.perf_counter()
     try:
-        compiled = compile_call(call, target)
+        compiled, log = _compile_with_ptxas_log(call, target) if target.backend == "cuda" else (
+            compile_call(call, target), "")
         binary = compiled.asm.get(BINARY[target.backend])
         machine = _elf_machine(binary or b"")
         if machine != ELF_MACHINE[target.backend]:
             raise ValueError(f"no {BINARY[target.backend]} for {target.name} (ELF machine {machine})")
-        res.metrics = amd_resources(compiled) if target.backend == "hip" else nvidia_resources(compiled)
+        res.metrics = amd_resources(compiled) if target.backend == "hip" else nvidia_resources(compiled, log)
         res.metrics["binary_bytes"] = len(binary)
         shared = compiled.metadata.shared
         if call.chosen and shared > target.traits.max_shared_bytes:
@@ -296,35 +317,35 @@ def render(report_rows: list[dict]) -> str:
         f"`python -m rlkit.bench.compile_targets` (CI: tests/kernels/test_compile_targets.py). Triton "
         f"{head['triton']}, commit {head['commit']}; {n_plans['gfx942']} plans for gfx942, "
         f"{n_plans['sm_90']} for sm_90. Rows: lab/bench/compile-report.jsonl. MI300X: VGPRs (+AGPRs) / "
-        f"SGPRs, spills = VGPR + SGPR spill counts, LDS as Triton requests it. H200: registers, spills "
-        f"= local bytes / 4 (as Triton's driver reports), shared memory as Triton requests it. "
-        f"\"—\": the target's plan function does not choose this plan. Compiled, never run on MI300X.",
+        f"SGPRs, spills = VGPR + SGPR spill counts, LDS as Triton requests it. H200: registers, spills = "
+        f"bytes of spill stores (ptxas -v), shared memory as Triton requests it. "
+        f"\"—\": the target's plan functions do not choose this plan (so the table says which plan each "
+        f"target gets). Compiled, never run on MI300X.",
         "",
-        "| op | kernel | plan | MI300X VGPR+AGPR / SGPR | MI300X spills | MI300X LDS KB | H200 regs | H200 spills "
-        "| H200 smem KB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| op | kernel | plan | chosen for (first shape) | MI300X VGPR+AGPR / SGPR | MI300X spills | MI300X LDS KB "
+        "| H200 regs | H200 spill stores | H200 smem KB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key in order:
         op, kernel, plan, chosen = key
         a, n = cells[key].get("gfx942"), cells[key].get("sm_90")
 
-        def spill(d, k="spills"):
+        def spill(d, k="spills", unit=""):
             if d is None:
                 return "—"
-            return f"**{d[k]}**" if d[k] else "0"
+            if k not in d:  # a cached compile: ptxas did not run, so it did not report
+                return "?"
+            return f"**{d[k]}{unit}**" if d[k] else "0"
 
         amd_regs = "—" if a is None else f"{a['vgprs']}+{a['agprs']} / {a['sgprs']}"
         plan_text = plan + ("" if chosen else " *override*")
-        lines.append(f"| {op} | `{kernel}` | {plan_text} | {amd_regs} | {spill(a)} | "
-                     f"{_kb(a and a['lds_bytes'])} | {'—' if n is None else n['registers']} | {spill(n)} | "
-                     f"{_kb(n and n['shared_bytes'])} |")
-    lines += ["", "Which plan each target gets (qwen3-8b; first shape that chose each plan):", "",
-              "| plan | MI300X (gfx942) gets it for | H200 (sm_90) gets it for |", "|---|---|---|"]
-    for key in order:
         src = cells[key]["_source"]
-        if not any("qwen3-8b" in s for s in src.values()) and key[3]:
-            continue
-        lines.append(f"| {key[0]} {key[2]} | {src.get('gfx942', '—')} | {src.get('sm_90', '—')} |")
+        first = (next(iter(src.values())) if len(set(src.values())) == 1
+                 else "; ".join(f"{t}: {v}" for t, v in src.items()))
+        lines.append(f"| {op} | `{kernel}` | {plan_text} | {first} | {amd_regs} | {spill(a)} | "
+                     f"{_kb(a and a['lds_bytes'])} | {'—' if n is None else n['registers']} | "
+                     f"{spill(n, 'spill_store_bytes', ' B')} | "
+                     f"{_kb(n and n['shared_bytes'])} |")
     lines += [MARK_END, ""]
     return "\n".join(lines)
 
@@ -354,12 +375,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", default=None, help="splice the table into this markdown file (BENCHMARKS.md)")
     ap.add_argument("--preset", action="append", default=None, help="only this Qwen3 preset (repeatable)")
     ap.add_argument("--op", action="append", default=None, help="only this op's kernels (repeatable)")
+    ap.add_argument("--from-rows", default=None, help="compile nothing: render --markdown from these rows (JSONL)")
     a = ap.parse_args(argv)
     if a.jobs < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)
         return 2
     from rlkit.bench.kernels import _commit
 
+    if a.from_rows:
+        report_rows = [json.loads(ln) for ln in Path(a.from_rows).read_text().splitlines() if ln.strip()]
+        if a.markdown:
+            path = Path(a.markdown)
+            path.write_text(splice(path.read_text() if path.exists() else "", render(report_rows)))
+        return 0
     own_cache = None
     if not os.environ.get("TRITON_CACHE_DIR"):
         own_cache = tempfile.TemporaryDirectory(prefix="rlkit-compile-")
