@@ -20,7 +20,6 @@ arguments are the shape's real values, so Triton specializes them as a launch wo
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -115,7 +114,7 @@ class GemmShape:
     out_dtype: torch.dtype
 
 
-def _gemm_common(cfg: dict, s: GemmShape, contract: NumericsContract) -> dict:
+def _gemm_common(s: GemmShape, contract: NumericsContract) -> dict:
     """The constexprs every GEMM launcher derives from the contract and the shape (gemm.triton_launch)."""
     kc = s.k // s.chunks
     return dict(C=s.chunks, BK=contract.gemm.k_tile, EVEN_K=kc % contract.gemm.k_tile == 0,
@@ -123,7 +122,7 @@ def _gemm_common(cfg: dict, s: GemmShape, contract: NumericsContract) -> dict:
 
 
 def _gemm_swapped(cfg: dict, s: GemmShape, contract: NumericsContract):
-    c = _gemm_common(cfg, s, contract)
+    c = _gemm_common(s, contract)
     args = (_t(s.x_dtype), _t(s.x_dtype), _t(s.out_dtype), _t(torch.float32), _t(torch.int32),
             s.m, s.n, s.k // s.chunks, s.k, s.k, s.n)
     kw = dict(C=c["C"], BN=cfg["BN"], BT=cfg["BT"], BK=c["BK"], EVEN_K=c["EVEN_K"], IEEE=c["IEEE"],
@@ -132,7 +131,7 @@ def _gemm_swapped(cfg: dict, s: GemmShape, contract: NumericsContract):
 
 
 def _gemm_tiles(cfg: dict, s: GemmShape, contract: NumericsContract):
-    c = _gemm_common(cfg, s, contract)
+    c = _gemm_common(s, contract)
     args = (_t(s.x_dtype), _t(s.x_dtype), _t(s.out_dtype), _t(torch.float32), _t(torch.int32),
             s.m, s.n, s.k // s.chunks, s.k, s.k, s.n)
     kw = dict(C=c["C"], SPLIT=bool(cfg["split"]) and s.chunks > 1, BM=cfg["BM"], BN=cfg["BN"], BK=c["BK"],
@@ -142,7 +141,7 @@ def _gemm_tiles(cfg: dict, s: GemmShape, contract: NumericsContract):
 
 
 def _gemm_stash(cfg: dict, s: GemmShape, contract: NumericsContract):
-    c = _gemm_common(cfg, s, contract)
+    c = _gemm_common(s, contract)
     args = (_t(s.x_dtype), _t(s.x_dtype), _t(s.out_dtype), _t(torch.float32),
             s.m, s.n, s.k // s.chunks, s.k, s.k, s.n)
     kw = dict(C=c["C"], BM=cfg["BM"], BN=cfg["BN"], BK=c["BK"], GROUP_M=cfg["GROUP_M"], EVEN_K=c["EVEN_K"],
@@ -168,8 +167,8 @@ def _gemm_requests(cfg: dict, s: GemmShape, contract: NumericsContract):
 
 
 def gemm_layers(cfg: Qwen3Config, contract: NumericsContract) -> list[tuple[str, int, int, int]]:
-    """(layer, N, K, shards) of one Qwen3 block and its lm_head; the row-parallel o/down projections also
-    as TP shards (2, 4) whose K subtree is C = k_chunks / shards chunks."""
+    """(layer, N, K, shards) of one Qwen3 block's GEMMs (k/v and gate/up share a shape); the row-parallel
+    o/down projections also as TP shards (2, 4), whose K subtree has C = k_chunks / shards chunks."""
     h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     layers = [("q_proj", heads * d, h, 1), ("k_proj", kv * d, h, 1), ("gate_proj", i, h, 1)]
@@ -219,7 +218,7 @@ def _gemm_overrides(col: _Collector, cfg: Qwen3Config, contract: NumericsContrac
     def variants(requests):
         return {(fn.__name__, kw.get("SPLIT")) for _, fn, _, kw in requests}
 
-    seen = set().union(*(variants([(None, c.fn, None, c.kwargs)]) for c in col.calls.values() if c.op == "gemm"))
+    seen = {(c.kernel, c.kwargs.get("SPLIT")) for c in col.calls.values() if c.op == "gemm"}
     shape = GemmShape(4096, cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, contract.gemm.k_chunks,
                       dtype, dtype)
     for over in (c for configs in TUNE_CONFIGS.values() for c in configs):
@@ -233,25 +232,24 @@ def _gemm_overrides(col: _Collector, cfg: Qwen3Config, contract: NumericsContrac
 
 def _attention(col: _Collector, cfg: Qwen3Config, contract: NumericsContract, dtype: torch.dtype) -> None:
     heads, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q_meta = torch.empty(1, heads, d, dtype=dtype, device="meta")
     contexts = sorted(set(ATTENTION_CONTEXTS) | {cfg.max_position_embeddings})
     for ctx in contexts:
         pages = -(-ctx // PAGE_SIZE)
         k_packed = torch.empty(ctx, kv, d, dtype=dtype, device="meta")
         k_paged = torch.empty(pages * max(DECODE_BATCHES), PAGE_SIZE, kv, d, dtype=dtype, device="meta")
         cases = [("prefill", (ctx, heads, d), k_packed,
-                  AttentionLayout.prefill(torch.tensor([0, ctx])), None)]
+                  AttentionLayout.prefill(torch.tensor([0, ctx])))]
         # chunked prefill: the last 512 queries of the context, keys in the paged cache
         chunk = min(512, ctx)
         table = torch.arange(pages, dtype=torch.int32)[None, :]
         cases.append(("chunked prefill", (chunk, heads, d), k_paged,
-                      AttentionLayout.paged(torch.tensor([chunk]), torch.tensor([ctx]), table), None))
+                      AttentionLayout.paged(torch.tensor([chunk]), torch.tensor([ctx]), table)))
         for batch in DECODE_BATCHES:
             tables = torch.arange(pages * batch, dtype=torch.int32).view(batch, pages)
             layout = AttentionLayout.paged_decode(torch.full((batch,), ctx), tables)
-            cases.append((f"decode B={batch}", (batch, heads, d), k_paged, layout, None))
-        for name, q_shape, k, layout, mode in cases:
-            plan = attention.attention_plan(q_shape, k, layout, contract, mode)
+            cases.append((f"decode B={batch}", (batch, heads, d), k_paged, layout))
+        for name, q_shape, k, layout in cases:
+            plan = attention.attention_plan(q_shape, k, layout, contract)  # the plan function picks the mode
             if plan["nslots"] > attention.MAX_SLOTS:
                 continue  # the launcher runs the reference for it
             col.add("attention", _attention_requests(plan, q_shape, k, contract, dtype),
@@ -345,7 +343,3 @@ def uncovered_kernels(calls: list[KernelCall], ops=None) -> list[str]:
     return [f"{op}.{k}" for op, names in launchable_kernels().items() for k in names
             if (op, k) not in compiled and (not ops or op in ops)]
 
-
-def replace_kernel(call: KernelCall, fn) -> KernelCall:
-    """The same request for another @jit function with the same parameters (the negative tests)."""
-    return dataclasses.replace(call, fn=fn)

@@ -93,14 +93,11 @@ class Result:
         return f"{self.call.op}.{self.call.kernel} [{self.call.plan}] on {self.target.name} ({self.target.device})"
 
 
-class CompileCheckFailed(RuntimeError):
-    """The check found failures; the message has one line each."""
-
-
 # -- compiling ----------------------------------------------------------------------------------------
 def compile_call(call: KernelCall, target: Target):
     """Compile `call` for `target` as the JIT would compile the launch (the same specialization of its
-    arguments, constexprs and options); returns Triton's CompiledKernel."""
+    arguments, constexprs and options); returns Triton's CompiledKernel. The binder and `_pack_args` are
+    the JIT's own (Triton 3.7's, pinned in requirements.txt; an upgrade that changes them fails loudly)."""
     import triton
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
