@@ -538,10 +538,12 @@ def _wave_efficiency(tiles: int, sms: int) -> float:
 
 
 def tma_capable(device: torch.device) -> bool:
-    """Hopper or later (TMA descriptors), or the interpreter (which emulates them)."""
-    if _tr.interpreting():
-        return True
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    """An NVIDIA GPU of compute capability 9 or later (TMA descriptors; not ROCm, whose gfx942 torch also
+    reports as major 9), or the interpreter (which emulates them)."""
+    traits = _tr.gpu_traits(device)
+    if traits is None:
+        return _tr.interpreting()
+    return traits.backend == "cuda" and int(traits.arch.removeprefix("sm_")[:-1] or 0) >= 9
 
 
 def plan(m: int, n: int, device: torch.device, override: dict | None = None, chunks: int = 4,
@@ -566,6 +568,12 @@ def plan(m: int, n: int, device: torch.device, override: dict | None = None, chu
         return dict(kind="swapped", BN=64, BT=16, num_warps=4, num_stages=5)
     if m <= SMALL_M:
         return dict(kind="swapped", BN=64, BT=64, num_warps=4, num_stages=4)
+    traits = _tr.gpu_traits(device)
+    if traits is not None and traits.backend == "hip":
+        # MI300X (gfx942) has 64 KB of LDS a workgroup and the 128 x 256 x 3-stage tile asks 96 KB there
+        # (Triton would refuse to load it): 128 x 128 tiles, 8 warps, 2 stages (32 KB, 126 VGPRs, no
+        # spills; rlkit/bench/compile_targets.py checks it). Compiled in CI, never run: not tuned.
+        return dict(kind="tiles", BM=128, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=2)
     if (tma_capable(device) and dtype in (torch.bfloat16, torch.float16) and chunks in TMA_CHUNKS
             and k_chunk > 0 and k_chunk % bk == 0):
         sms = _tr.sm_count(device)

@@ -14,6 +14,10 @@ the engines' sampling (`process_logits`), the Megatron trainer's gradient and no
 `use_contract` restores the previous contract on exit (also on error), and is per thread / per asyncio
 task (a ContextVar), so a dashboard thread and a training thread never see each other's contract.
 
+Native paths are plain torch; `native_backend(device)` names the control they stand for on that device
+(rlkit/native_backends.py: torch-cpu, torch-cuda, and on ROCm `amd-aiter`, which these ops do not call:
+not exercised here).
+
 Strict paths call `rlkit.kernels.<op>.strict(...)`: the Triton kernel when the tensors are on CUDA
 (and the contract's parameters are ones the kernel implements), the torch reference otherwise. Each
 `strict` also wraps the kernel in an autograd Function (strict forward, native backward) when a
@@ -28,6 +32,7 @@ from typing import Iterator
 
 import torch
 
+from rlkit import native_backends as _native_backends
 from rlkit.contract import NumericsContract
 from rlkit.kernels import attention as _attention
 from rlkit.kernels import collectives as _collectives
@@ -42,7 +47,7 @@ from rlkit.types import AttentionLayout, SamplingParams
 __all__ = [
     "use_contract", "current_contract", "rms_norm", "linear", "swiglu", "rope", "attention",
     "logits", "logprob", "logprob_from_logits", "log_softmax", "process_logits", "all_reduce", "reduce_sum",
-    "AttentionLayout", "SamplingParams", "OpInputError",
+    "AttentionLayout", "SamplingParams", "OpInputError", "native_backend",
 ]
 
 _ACTIVE: ContextVar[NumericsContract] = ContextVar("rlkit_numerics_contract",
@@ -175,3 +180,9 @@ def reduce_sum(tensor: torch.Tensor, group=None) -> torch.Tensor:
     its model-parallel groups (every rank gets the same bits on the strict path, so TP-replicated
     parameters stay identical after an update)."""
     return all_reduce(tensor, group).to(tensor.dtype)
+
+
+def native_backend(device: torch.device) -> _native_backends.NativeBackend:
+    """The native control on `device`'s kind, by name, with what rlkit's native ops call there and where
+    that was exercised (on a ROCm device: `amd-aiter`, not wired in and not exercised)."""
+    return _native_backends.native_backend(device)

@@ -1,0 +1,162 @@
+"""Every strict Triton kernel compiles for MI300X (gfx942) and H200 (sm_90) on the CPU, in every launch
+plan its plan function chooses (rlkit/bench/compile_targets.py); a compile error, a plan too big for the
+target's shared memory, an unknown plan kind or a kernel no plan compiles fails, naming kernel, plan and
+target. The negative tests show each of those failures on purpose.
+
+Cost: the whole check over the qwen3-8b preset (every kernel, every plan kind, mode and tile; the other
+presets change shape constexprs only: 2 query heads per KV head, head_dim 32) is ~63 compiles, 2 forked
+processes, one fresh compile cache: 125 s on this 2-core machine under four engineers' load (lab/LOG.md,
+2026-12-01). `python -m rlkit.bench.compile_targets` compiles every preset (the report in BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+
+import pytest
+import torch
+
+from rlkit import ops
+from rlkit.bench import compile_plans, compile_targets
+from rlkit.bench.compile_targets import TARGETS, check_one, compile_call, requests, run_check
+from rlkit.kernels import _triton as _tr
+from rlkit.kernels import gemm, swiglu
+from rlkit.native_backends import NATIVE_BACKENDS
+
+GFX942, SM90 = TARGETS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fresh_compile_cache(tmp_path_factory):
+    """A cold cache, as CI has: nothing compiled before can hide an error."""
+    old = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
+    yield
+    if old is None:
+        os.environ.pop("TRITON_CACHE_DIR", None)
+    else:
+        os.environ["TRITON_CACHE_DIR"] = old
+
+
+def _call(traits, op: str, kernel: str):
+    return next(c for c in compile_plans.kernel_calls(traits, presets=["qwen3-8b"], ops=[op]) if c.kernel == kernel)
+
+
+def test_every_kernel_and_plan_compiles_for_gfx942_and_sm90():
+    results, failures = run_check(presets=["qwen3-8b"], jobs=2)
+    assert not failures, "compile check failed:\n" + "\n".join(failures)
+    for target in TARGETS:
+        mine = [r for r in results if r.target is target]
+        kernels = {(r.call.op, r.call.kernel) for r in mine}
+        launchable = {k for names in compile_plans.launchable_kernels().values() for k in names}
+        assert launchable <= {k for _, k in kernels}, f"{target.name}: not compiled {launchable - kernels}"
+        reg = "vgprs" if target.backend == "hip" else "registers"
+        assert all(r.metrics[reg] > 0 and r.metrics["binary_bytes"] > 0 for r in mine)
+        if target.backend == "cuda":  # a cold cache: ptxas ran for every plan and reported its spills
+            assert all("spill_store_bytes" in r.metrics for r in mine)
+        chosen = [r for r in mine if r.call.chosen]
+        assert all(r.metrics["lds_bytes" if target.backend == "hip" else "shared_bytes"]
+                   <= target.traits.max_shared_bytes for r in chosen)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
+def test_each_target_produces_its_binary(target):
+    """The artifacts are real: an AMDGPU ELF (hsaco) for gfx942, a CUDA ELF (cubin) for sm_90."""
+    compiled = compile_call(_call(target.traits, "swiglu", "_swiglu_kernel"), target)
+    binary = compiled.asm[compile_targets.BINARY[target.backend]]
+    assert binary[:4] == b"\x7fELF"
+    assert int.from_bytes(binary[18:20], "little") == compile_targets.ELF_MACHINE[target.backend]
+    if target.backend == "hip":
+        assert {"ttir", "ttgir", "llir", "amdgcn", "hsaco"} <= set(compiled.asm)
+        assert "amdgcn-amd-amdhsa--gfx942" in compiled.asm["amdgcn"]
+    else:
+        assert {"ttir", "ttgir", "llir", "ptx", "cubin"} <= set(compiled.asm)
+        assert ".target sm_90a" in compiled.asm["ptx"]
+
+
+def _broken_swiglu(tmp_path):
+    """The real swiglu kernel's source with one name misspelt: it cannot compile."""
+    src = inspect.getsource(swiglu._swiglu_kernel.fn)
+    assert "mask = offs < n\n" in src
+    broken = src.replace("mask = offs < n\n", "mask = offs < n_rows\n")
+    body = "\n".join(ln for ln in broken.splitlines() if not ln.startswith("@"))
+    path = tmp_path / "broken_swiglu.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n\n@triton.jit\n" + body + "\n")
+    spec = importlib.util.spec_from_file_location("broken_swiglu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._swiglu_kernel
+
+
+def test_a_kernel_that_does_not_compile_fails_naming_kernel_plan_and_target(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(swiglu, "_swiglu_kernel", _broken_swiglu(tmp_path))
+    rc = compile_targets.main(["--op", "swiglu", "--preset", "qwen3-8b"])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    fails = [ln for ln in err.splitlines() if ln.startswith("FAIL")]
+    assert len(fails) == 2, err
+    for line, target in zip(fails, ("gfx942 (MI300X)", "sm_90 (H200)")):
+        assert "swiglu._swiglu_kernel [elementwise BLOCK=2048 w4]" in line and target in line, line
+        assert "does not compile" in line and "n_rows" in line, line
+
+
+def test_the_h200_gemm_tile_does_not_fit_mi300x_and_the_gfx942_plan_does():
+    """Why gemm.plan is target-aware: the 128 x 256 x 3-stage tile asks 96 KB of LDS, MI300X has 64 KB."""
+    tiles = _call(GFX942.traits, "gemm", "_gemm_tiles_kernel")
+    assert (tiles.kwargs["BN"], tiles.kwargs["num_stages"]) == (128, 2)
+    assert check_one(tiles, GFX942).error is None
+    h200_plan = dict(tiles.kwargs, BN=256, num_stages=3)
+    res = check_one(compile_plans.KernelCall(tiles.op, tiles.fn, tiles.args, h200_plan, "h200 tile", "test"), GFX942)
+    assert res.error is not None and "asks 98304 bytes" in res.error and "MI300X gives a program 65536" in res.error
+
+
+def test_gemm_plan_follows_the_target():
+    dev = torch.device("cuda", 0)
+    with _tr.assume_gpu(GFX942.traits):
+        amd = gemm.plan(4096, 4096, dev)
+    with _tr.assume_gpu(SM90.traits):
+        nv = gemm.plan(4096, 4096, dev)
+    assert (amd["BM"], amd["BN"], amd["num_stages"]) == (128, 128, 2)
+    assert (nv["BM"], nv["BN"], nv["num_stages"]) == (128, 256, 3)
+    assert gemm.plan(4096, 4096, torch.device("cpu")) == nv  # the interpreter's plan is unchanged
+    assert _tr.sm_count(torch.device("cpu")) == 4  # the assumption ended with its block
+
+
+def test_an_unknown_gemm_plan_kind_fails_naming_it(monkeypatch):
+    real = gemm.plan
+    monkeypatch.setattr(gemm, "plan", lambda m, n, device, override=None: (
+        dict(kind="persistent_tma", BM=128, BN=256) if m > 64 and not override else real(m, n, device, override)))
+    _, failures = requests(presets=["qwen3-8b"], ops=["gemm"])
+    assert len(failures) == 2 and all("'persistent_tma'" in f and "GEMM_KINDS" in f for f in failures), failures
+
+
+def test_a_launchable_kernel_no_plan_compiles_fails(monkeypatch):
+    monkeypatch.setattr(swiglu, "_swiglu_fused_kernel", swiglu._swiglu_kernel, raising=False)
+    _, failures = requests(presets=["qwen3-8b"], ops=["swiglu"])
+    assert [f.split(":")[0] for f in failures] == ["swiglu._swiglu_fused_kernel"] * 2, failures
+
+
+def test_report_block_is_spliced_between_its_markers_only():
+    block = compile_targets.render([])
+    doc = "# Benchmarks\n\n## GEMM\n| a |\n"
+    once = compile_targets.splice(doc, block)
+    assert once.startswith(doc) and compile_targets.MARK_START in once
+    new_block = block.replace(compile_targets.MARK_END, "x\n" + compile_targets.MARK_END)
+    twice = compile_targets.splice(once + "## after\n", new_block)
+    assert twice == doc + "\n" + new_block + "## after\n"
+    # re-rendering the GEMM tables keeps the compile report
+    kept = compile_targets.keep_compile_report(twice, "# Benchmarks\n\n## GEMM\n| b |\n")
+    assert "| b |" in kept and "x\n" + compile_targets.MARK_END in kept
+
+
+def test_native_backend_names_aiter_for_rocm_and_says_it_is_not_exercised():
+    hip = NATIVE_BACKENDS["hip"]
+    assert hip.name == "amd-aiter" and hip.exercised.startswith("not exercised")
+    assert "not wired in" in hip.rlkit_runs
+    assert ops.native_backend(torch.device("cpu")).name == "torch-cpu"
+    expected = "amd-aiter" if torch.version.hip else "torch-cuda"
+    assert ops.native_backend(torch.device("cuda", 0)).name == expected
+    with pytest.raises(ValueError, match="no native backend"):
+        ops.native_backend(torch.device("meta"))
