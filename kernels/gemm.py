@@ -161,10 +161,14 @@ def native(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = Non
 #   column operand, and the grid runs over N tiles x K chunks, so the weights stream at full bandwidth
 #   even for one token; the last of a tile's C programs to arrive (an atomic counter) loads the C fp32
 #   partials and adds them in the tree;
-# - `_gemm_tiles_kernel` (M > 64): [BM x BN] output tiles; either one program walks the C chunks and
-#   adds them in registers in the tree (SPLIT=False), or, when there are too few tiles to fill the GPU,
-#   the C chunks go to C programs that combine as above (SPLIT=True).
-# Where the chunk sums meet (registers or an fp32 workspace) and the tile shape never change a value: an
+# - `_gemm_tma_kernel` (M > 64 on Hopper, bf16/fp16): a persistent grid of [BM x BN] tiles loaded by
+#   TMA; a tile's C chunk sums meet in registers or, for C = 4, with (c0 + c1) parked in the program's
+#   own fp32 slot (two accumulators live instead of three); with too few tiles, the C chunks go to C
+#   programs that combine as above (SPLIT=True). With C = 1 (contract v3's column-parallel layers) a
+#   tile is one chain over K, which is what lets it reach cuBLAS speed;
+# - `_gemm_tiles_kernel` (M > 64 elsewhere: fp32, a chunk not a whole number of K steps, C = 8, no TMA):
+#   the same with pointer loads, in registers (SPLIT=False) or split over C programs (SPLIT=True).
+# Where the chunk sums meet (registers, a slot or an fp32 workspace) and the tile shape never change a value: an
 # fp32 store/load is exact and fp32 addition is commutative, so only the tree's grouping matters, and
 # that is fixed. tests/gpu/test_kernels_gpu.py proves it on the H200: all launch configurations give
 # identical bits, a row alone equals the same row in batches on both sides of every threshold.
@@ -344,67 +348,6 @@ def _stash_load(slot, loc):
 def _stash_store(slot, loc, value):
     tl.debug_barrier()  # every thread has read the slot's old values before anyone overwrites them
     tl.store(slot + loc, value)
-
-
-@jit
-def _gemm_stash_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, M, N, KC, stride_x, stride_w, stride_y,
-                       C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                       GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
-    """Prefill/training GEMM over all of K with a single live accumulator: each chunk sum is computed in
-    turn and the pairwise tree's pending operands wait in this program's own fp32 stash slots (global
-    memory, L2-resident; 3 slots of BM x BN a program), not in registers. Persistent: a program walks
-    the tiles pid, pid + programs, ... (grouped order), so the stash is sized by the programs, not the
-    tiles. The tree's grouping is the contract's: C=4 is (c0 + c1) + (c2 + c3)."""
-    pid = tl.program_id(0)
-    loc = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
-    s0 = ws_ptr + pid.to(tl.int64) * (3 * BM * BN)
-    s1 = s0 + BM * BN
-    s2 = s1 + BM * BN
-    for tile in range(pid, tl.cdiv(M, BM) * tl.cdiv(N, BN), tl.num_programs(0)):
-        _stash_tile(x_ptr, w_ptr, y_ptr, s0, s1, s2, loc, tile, M, N, KC, stride_x, stride_w, stride_y,
-                    C, BM, BN, BK, GROUP_M, EVEN_K, IEEE)
-
-
-@jit
-def _stash_tile(x_ptr, w_ptr, y_ptr, s0, s1, s2, loc, tile, M, N, KC, stride_x, stride_w, stride_y,
-                C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                EVEN_K: tl.constexpr, IEEE: tl.constexpr):
-    offs_m, offs_n, rows, cols, mask = _grouped_tile(tile, M, N, BM, BN, GROUP_M)
-    if C == 1:
-        tot = _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
-    elif C == 2:
-        _stash_store(s0, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BM, BN, BK,
-                                          EVEN_K, IEEE))
-        c1 = _chunk_rows(x_ptr, w_ptr, rows, cols, KC, 2 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
-        tot = _stash_load(s0, loc) + c1
-    elif C == 4:
-        _stash_store(s0, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BM, BN, BK,
-                                          EVEN_K, IEEE))
-        c1 = _chunk_rows(x_ptr, w_ptr, rows, cols, KC, 2 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
-        _stash_store(s0, loc, _stash_load(s0, loc) + c1)                       # c0 + c1
-        _stash_store(s1, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 2 * KC, 3 * KC, stride_x, stride_w, BM, BN,
-                                          BK, EVEN_K, IEEE))
-        c3 = _chunk_rows(x_ptr, w_ptr, rows, cols, 3 * KC, 4 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
-        tot = _stash_load(s0, loc) + (_stash_load(s1, loc) + c3)              # (c0 + c1) + (c2 + c3)
-    else:  # C == 8: ((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7))
-        _stash_store(s0, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BM, BN, BK,
-                                          EVEN_K, IEEE))
-        c1 = _chunk_rows(x_ptr, w_ptr, rows, cols, KC, 2 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
-        _stash_store(s0, loc, _stash_load(s0, loc) + c1)
-        _stash_store(s1, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 2 * KC, 3 * KC, stride_x, stride_w, BM, BN,
-                                          BK, EVEN_K, IEEE))
-        c3 = _chunk_rows(x_ptr, w_ptr, rows, cols, 3 * KC, 4 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
-        _stash_store(s0, loc, _stash_load(s0, loc) + (_stash_load(s1, loc) + c3))
-        _stash_store(s1, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 4 * KC, 5 * KC, stride_x, stride_w, BM, BN,
-                                          BK, EVEN_K, IEEE))
-        c5 = _chunk_rows(x_ptr, w_ptr, rows, cols, 5 * KC, 6 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
-        _stash_store(s1, loc, _stash_load(s1, loc) + c5)
-        _stash_store(s2, loc, _chunk_rows(x_ptr, w_ptr, rows, cols, 6 * KC, 7 * KC, stride_x, stride_w, BM, BN,
-                                          BK, EVEN_K, IEEE))
-        c7 = _chunk_rows(x_ptr, w_ptr, rows, cols, 7 * KC, 8 * KC, stride_x, stride_w, BM, BN, BK, EVEN_K, IEEE)
-        tot = _stash_load(s0, loc) + (_stash_load(s1, loc) + (_stash_load(s2, loc) + c7))
-    y_offs = offs_m[:, None].to(tl.int64) * stride_y + offs_n[None, :]
-    tl.store(y_ptr + y_offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @jit
@@ -718,16 +661,6 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
                 STASH=0 if split else stash, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"],
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
             launches.append(_tr.Launch("tma", dict(cfg, grid=grid, C=c, BK=bk, split=split), compiled))
-    elif cfg["kind"] == "stash":
-        tiles = _tr.cdiv(m, cfg["BM"]) * _tr.cdiv(n, cfg["BN"])
-        programs = min(tiles, cfg.get("programs_per_sm", 1) * _tr.sm_count(x.device))
-        ws = torch.empty(programs * 3 * cfg["BM"] * cfg["BN"] if c > 1 else 1, dtype=torch.float32,
-                         device=x.device)
-        compiled = _gemm_stash_kernel[(programs,)](
-            x2, w, y, ws, m, n, kc, x2.stride(0), w.stride(0), y.stride(0), C=c, BM=cfg["BM"], BN=cfg["BN"],
-            BK=bk, GROUP_M=cfg["GROUP_M"], EVEN_K=even_k, IEEE=ieee, num_warps=cfg["num_warps"],
-            num_stages=cfg["num_stages"], **opts)
-        launches.append(_tr.Launch("stash", dict(cfg, grid=(programs,), C=c, BK=bk), compiled))
     else:
         split = bool(cfg["split"]) and c > 1
         slab = m

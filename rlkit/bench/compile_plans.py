@@ -12,7 +12,7 @@ Adding a kernel: a GEMM plan kind is turned into its kernel call by one entry in
 unknown kind fails the check, naming it); a new `*_kernel` in kernels/ that no request compiles fails
 the check too (`uncovered_kernels`). Launch overrides the benchmarks time (`rlkit.bench.kernels
 .TUNE_CONFIGS`) add one request for each GEMM kind that `gemm.plan` itself never picks (so the stash
-kernel is compiled), marked `chosen=False`.
+kernel is compiled on every target), marked `chosen=False`.
 
 Tensors are `triton.runtime.jit.MockTensor`s (16-byte aligned, as the caching allocator's are); integer
 arguments are the shape's real values, so Triton specializes them as a launch would.
@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from rlkit.contract import V1_NAME, V2_NAME, NumericsContract
+from rlkit.contract import V1_NAME, V2_NAME, V3_NAME, NumericsContract
 from rlkit.kernels import _triton as _tr
 from rlkit.kernels import attention, gemm, logprob, rms_norm, rope, swiglu
 from rlkit.model.config import MODEL_PRESETS, Qwen3Config
@@ -35,7 +35,7 @@ KERNEL_MODULES = {"gemm": gemm, "attention": attention, "logprob": logprob, "rms
                   "rope": rope, "swiglu": swiglu}
 """op -> the kernels/ module holding its Triton kernels (collectives and tree have none: torch only)."""
 
-CONTRACTS = (V2_NAME, V1_NAME)
+CONTRACTS = (V3_NAME, V2_NAME, V1_NAME)
 """Released contracts whose strict kernels are compiled (identical requests are compiled once)."""
 
 GEMM_TOKENS = tuple(2 ** i for i in range(14))
@@ -77,9 +77,10 @@ class KernelCall:
         return self.fn.__name__
 
     def key(self) -> tuple:
-        """Identical requests (same kernel, constexprs, options, pointer dtypes) compile once."""
-        dtypes = tuple(str(a.dtype) for a in self.args if hasattr(a, "dtype"))
-        return (self.op, self.kernel, dtypes, tuple(sorted((k, repr(v)) for k, v in self.kwargs.items())))
+        """Identical requests (same kernel, constexprs, options, pointer dtypes) compile once, whichever op
+        asked first (a second compile would hit Triton's cache, and ptxas would not report again)."""
+        dtypes = tuple(str(getattr(a, "base", a).dtype) for a in self.args if hasattr(getattr(a, "base", a), "dtype"))
+        return (self.kernel, dtypes, tuple(sorted((k, repr(v)) for k, v in self.kwargs.items())))
 
 
 def _t(dtype: torch.dtype):
@@ -140,17 +141,27 @@ def _gemm_tiles(cfg: dict, s: GemmShape, contract: NumericsContract):
     return [("tiles", gemm._gemm_tiles_kernel, args, kw)]
 
 
-def _gemm_stash(cfg: dict, s: GemmShape, contract: NumericsContract):
+def _desc(dtype: torch.dtype, rows: int, cols: int, block: list[int]):
+    """A host TMA descriptor over a MockTensor [rows, cols] (row-major), as gemm._descriptor builds it."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(_t(dtype), [rows, cols], [cols, 1], block)
+
+
+def _gemm_tma(cfg: dict, s: GemmShape, contract: NumericsContract):
     c = _gemm_common(s, contract)
-    args = (_t(s.x_dtype), _t(s.x_dtype), _t(s.out_dtype), _t(torch.float32),
-            s.m, s.n, s.k // s.chunks, s.k, s.k, s.n)
-    kw = dict(C=c["C"], BM=cfg["BM"], BN=cfg["BN"], BK=c["BK"], GROUP_M=cfg["GROUP_M"], EVEN_K=c["EVEN_K"],
-              IEEE=c["IEEE"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    bm, bn, bk = cfg["BM"], cfg["BN"], c["BK"]
+    split = bool(cfg["split"]) and s.chunks > 1
+    args = (_desc(s.x_dtype, max(s.m, bm), s.k, [bm, bk]), _desc(s.x_dtype, s.n, s.k, [bn, bk]),
+            _t(s.out_dtype), _t(torch.float32), _t(torch.int32 if split else torch.float32),
+            s.m, s.n, s.k // s.chunks, s.n, 132)
+    kw = dict(C=c["C"], SPLIT=split, STASH=0 if split or s.chunks == 1 else cfg.get("stash", 0), BM=bm, BN=bn,
+              BK=bk, GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
               **_tr.launch_options(contract))
-    return [("stash", gemm._gemm_stash_kernel, args, kw)]
+    return [("tma", gemm._gemm_tma_kernel, args, kw)]
 
 
-GEMM_KINDS: dict[str, Callable] = {"swapped": _gemm_swapped, "tiles": _gemm_tiles, "stash": _gemm_stash}
+GEMM_KINDS: dict[str, Callable] = {"swapped": _gemm_swapped, "tiles": _gemm_tiles, "tma": _gemm_tma}
 """gemm.plan's `kind` -> (plan, shape, contract) -> [(role, kernel, args, kwargs)], as gemm.triton_launch
 launches it. A new kind needs one entry here."""
 
@@ -167,14 +178,18 @@ def _gemm_requests(cfg: dict, s: GemmShape, contract: NumericsContract):
 
 
 def gemm_layers(cfg: Qwen3Config, contract: NumericsContract) -> list[tuple[str, int, int, int]]:
-    """(layer, N, K, shards) of one Qwen3 block's GEMMs (k/v and gate/up share a shape); the row-parallel
-    o/down projections also as TP shards (2, 4), whose K subtree has C = k_chunks / shards chunks."""
+    """(layer, N, K, shards, chunks) of one Qwen3 block's GEMMs (k/v and gate/up share a shape), each with
+    its K chunk count (gemm.chunk_count: column-parallel or row-parallel); the row-parallel o/down
+    projections also as TP shards (2, 4), whose K subtree has C = k_chunks / shards chunks."""
     h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    layers = [("q_proj", heads * d, h, 1), ("k_proj", kv * d, h, 1), ("gate_proj", i, h, 1)]
+    column = gemm.chunk_count(contract, row_parallel=False)
+    row = gemm.chunk_count(contract, row_parallel=True)
+    layers = [("q_proj", heads * d, h, 1, column), ("k_proj", kv * d, h, 1, column), ("gate_proj", i, h, 1, column)]
     for shards in (1, 2, 4):
-        if contract.gemm.k_chunks % shards == 0 and contract.gemm.k_chunks // shards in gemm.TREE_CHUNKS:
-            layers += [("o_proj", h, heads * d // shards, shards), ("down_proj", h, i // shards, shards)]
+        if row % shards == 0 and row // shards in gemm.TREE_CHUNKS:
+            layers += [("o_proj", h, heads * d // shards, shards, row // shards),
+                       ("down_proj", h, i // shards, shards, row // shards)]
     return layers
 
 
@@ -194,19 +209,24 @@ class _Collector:
                 self.calls[call.key()] = call
 
 
+def _plan(s: GemmShape, contract: NumericsContract, override: dict | None = None) -> dict:
+    """gemm.plan for this launch, with the arguments gemm.triton_launch passes it."""
+    return gemm.plan(s.m, s.n, _DEVICE, override, chunks=s.chunks, k_chunk=s.k // s.chunks,
+                     bk=contract.gemm.k_tile, dtype=s.x_dtype)
+
+
 def _gemm(col: _Collector, cfg: Qwen3Config, contract: NumericsContract, dtype: torch.dtype) -> None:
-    for layer, n, k, shards in gemm_layers(cfg, contract):
-        chunks = contract.gemm.k_chunks // shards
+    for layer, n, k, shards, chunks in gemm_layers(cfg, contract):
         out = torch.float32 if shards > 1 else dtype
         for m in GEMM_TOKENS:
             shape = GemmShape(m, n, k, chunks, dtype, out)
-            col.add("gemm", _gemm_requests(gemm.plan(m, n, _DEVICE), shape, contract),
+            col.add("gemm", _gemm_requests(_plan(shape, contract), shape, contract),
                     f"{cfg.name} {layer}{f' tp{shards}' if shards > 1 else ''} M={m} (gemm.plan)")
     # lm_head: fp32 logits, at most logprob.GPU_ROW_BLOCK rows a launch (logprob.triton_logprob)
-    chunks = contract.gemm.k_chunks
+    chunks = gemm.chunk_count(contract, row_parallel=False)
     for m in sorted({min(t, logprob.GPU_ROW_BLOCK) for t in GEMM_TOKENS}):
         shape = GemmShape(m, cfg.vocab_size, cfg.hidden_size, chunks, dtype, torch.float32)
-        col.add("logprob", _gemm_requests(gemm.plan(m, cfg.vocab_size, _DEVICE), shape, contract),
+        col.add("logprob", _gemm_requests(_plan(shape, contract), shape, contract),
                 f"{cfg.name} lm_head M={m} (gemm.plan)")
 
 
@@ -222,7 +242,7 @@ def _gemm_overrides(col: _Collector, cfg: Qwen3Config, contract: NumericsContrac
     shape = GemmShape(4096, cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, contract.gemm.k_chunks,
                       dtype, dtype)
     for over in (c for configs in TUNE_CONFIGS.values() for c in configs):
-        requests = _gemm_requests(gemm.plan(shape.m, shape.n, _DEVICE, over), shape, contract)
+        requests = _gemm_requests(_plan(shape, contract, over), shape, contract)
         if variants(requests) <= seen:
             continue
         seen |= variants(requests)

@@ -76,8 +76,6 @@ CONFIGS = [
     dict(kind="tiles", BM=64, BN=128, GROUP_M=8, split=False, num_warps=4, num_stages=4),
     dict(kind="tiles", BM=128, BN=256, GROUP_M=8, split=True, num_warps=8, num_stages=3),
     dict(kind="tiles", BM=128, BN=64, GROUP_M=4, split=False, num_warps=4, num_stages=5),
-    dict(kind="stash", BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=3),
-    dict(kind="stash", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=4, programs_per_sm=2),
     dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=4),
     dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=3, programs_per_sm=2),
     dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=False, num_warps=4, num_stages=4),

@@ -113,21 +113,27 @@ def test_the_h200_gemm_tile_does_not_fit_mi300x_and_the_gfx942_plan_does():
 
 
 def test_gemm_plan_follows_the_target():
+    """sm_90 gets the TMA kernel (one chain: 128 x 256 tiles at 4096 x 4096); gfx942 has no TMA and 64 KB
+    of LDS: pointer-load 128 x 128 tiles, 2 stages; without a GPU or the interpreter, pointer loads."""
     dev = torch.device("cuda", 0)
+    one_chain = dict(chunks=1, k_chunk=4096)
     with _tr.assume_gpu(GFX942.traits):
-        amd = gemm.plan(4096, 4096, dev)
+        amd = gemm.plan(4096, 4096, dev, **one_chain)
     with _tr.assume_gpu(SM90.traits):
-        nv = gemm.plan(4096, 4096, dev)
-    assert (amd["BM"], amd["BN"], amd["num_stages"]) == (128, 128, 2)
-    assert (nv["BM"], nv["BN"], nv["num_stages"]) == (128, 256, 3)
-    assert gemm.plan(4096, 4096, torch.device("cpu")) == nv  # the interpreter's plan is unchanged
+        nv = gemm.plan(4096, 4096, dev, **one_chain)
+        nv_tree = gemm.plan(4096, 4096, dev, chunks=4, k_chunk=1024)
+    assert (amd["kind"], amd["BM"], amd["BN"], amd["num_stages"]) == ("tiles", 128, 128, 2)
+    assert (nv["kind"], nv["BM"], nv["BN"], nv["num_stages"]) == ("tma", 128, 256, 3)
+    assert (nv_tree["kind"], nv_tree["BM"], nv_tree["BN"], nv_tree["stash"]) == ("tma", 128, 128, 1)
+    assert gemm.plan(4096, 4096, torch.device("cpu"), **one_chain)["kind"] == "tiles"
     assert _tr.sm_count(torch.device("cpu")) == 4  # the assumption ended with its block
 
 
 def test_an_unknown_gemm_plan_kind_fails_naming_it(monkeypatch):
     real = gemm.plan
-    monkeypatch.setattr(gemm, "plan", lambda m, n, device, override=None: (
-        dict(kind="persistent_tma", BM=128, BN=256) if m > 64 and not override else real(m, n, device, override)))
+    monkeypatch.setattr(gemm, "plan", lambda m, n, device, override=None, **kw: (
+        dict(kind="persistent_tma", BM=128, BN=256) if m > 64 and not override else real(m, n, device, override,
+                                                                                          **kw)))
     _, failures = requests(presets=["qwen3-8b"], ops=["gemm"])
     assert len(failures) == 2 and all("'persistent_tma'" in f and "GEMM_KINDS" in f for f in failures), failures
 

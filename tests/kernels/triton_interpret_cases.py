@@ -43,7 +43,6 @@ GEMM_CONFIGS = [  # small tiles so the interpreter stays quick; every one must g
     dict(kind="tiles", BM=64, BN=64, GROUP_M=2, split=True, num_warps=4, num_stages=2),
     dict(kind="tiles", BM=64, BN=64, GROUP_M=2, split=False, num_warps=4, num_stages=2),
     dict(kind="tiles", BM=32, BN=64, GROUP_M=1, split=False, num_warps=4, num_stages=2),
-    dict(kind="stash", BM=32, BN=64, GROUP_M=2, num_warps=4, num_stages=2),  # 4 programs walk the tiles
 ]
 
 
@@ -69,7 +68,7 @@ def test_gemm_other_chunk_counts(chunks):
     c = C.replace(gemm=GemmSpec(k_chunks=chunks))
     x, w = exact(9, 512, seed=3), exact(64, 512, seed=4)
     ref = gemm.partial(x, w, c)
-    for cfg in (GEMM_CONFIGS[0], GEMM_CONFIGS[2], GEMM_CONFIGS[3], GEMM_CONFIGS[5]):
+    for cfg in (GEMM_CONFIGS[0], GEMM_CONFIGS[2], GEMM_CONFIGS[3], GEMM_CONFIGS[4]):
         assert_bitwise_equal(gemm.triton_partial(x, w, c, 1, torch.float32, config=cfg), ref,
                              f"{chunks} chunks, {cfg} vs reference")
 
