@@ -1,0 +1,102 @@
+"""Per-step metrics to TensorBoard and W&B (offline), read back with the libraries' own formats and compared
+with the run store: `rlkit export RUN --to tensorboard|wandb` on an imported run (rlkit's metrics and the
+framework's own), and `rlkit run --log-to ...` live on a small real run.
+
+TensorBoard keeps scalars as fp32, so its values are compared with the store's fp64 values rounded to fp32
+(exactly); W&B keeps the JSON of the fp64 value, compared exactly. W&B runs offline: no network.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlkit.cli import main
+from rlkit.interop.importer import import_run
+from rlkit.interop.step_log import read_tensorboard, read_wandb_history, step_metrics
+from rlkit.timeline.store import RunStore
+from tests.interop.dumps import write_verl
+
+W_AND_B_OWN = {"_runtime", "_timestamp", "_step"}
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))  # W&B's own cache and config stay in the test's folder
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+
+
+def _expected(run_dir) -> dict[int, dict[str, float]]:
+    with RunStore.open(run_dir, readonly=True) as store:
+        extra = (store.info("import") or {}).get("metrics", {})
+        return {s.step: step_metrics(s, extra.get(str(s.step))) for s in store.steps()}
+
+
+def _check_tensorboard(log_dir, expected) -> None:
+    scalars = read_tensorboard(log_dir)
+    assert set(scalars) == {k for m in expected.values() for k in m}
+    for step, metrics in expected.items():
+        for name, value in metrics.items():
+            assert scalars[name][step] == np.float32(value), (step, name, scalars[name][step], value)
+
+
+def _check_wandb(run_path, expected) -> None:
+    history = read_wandb_history(run_path)
+    assert sorted(history) == sorted(expected)
+    for step, metrics in expected.items():
+        assert set(history[step]) - W_AND_B_OWN == set(metrics)
+        for name, value in metrics.items():
+            assert history[step][name] == value, (step, name, history[step][name], value)
+
+
+@pytest.fixture
+def imported_verl(tmp_path):
+    write_verl(tmp_path / "dump")
+    import_run("verl", tmp_path / "dump", tmp_path / "run").close()
+    return tmp_path / "run"
+
+
+def test_export_to_tensorboard_reads_back_equal_to_the_store(imported_verl, tmp_path, capsys):
+    assert main(["export", str(imported_verl), "--to", "tensorboard", "--out", str(tmp_path / "tb")]) == 0
+    assert "wrote the per-step metrics" in capsys.readouterr().err
+    expected = _expected(imported_verl)
+    assert "rollout_corr/k3_kl" in expected[1] and "rlkit/k3_kl" in expected[1]
+    assert "rlkit/loss" not in expected[1]  # not recorded by the dump: not logged
+    _check_tensorboard(tmp_path / "tb", expected)
+
+
+def test_export_to_wandb_offline_reads_back_equal_to_the_store(imported_verl):
+    assert main(["export", str(imported_verl), "--to", "wandb"]) == 0
+    runs = list((imported_verl / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    _check_wandb(runs[0], _expected(imported_verl))
+
+
+def _small_run(run_dir, steps, *extra) -> list[str]:
+    return ["run", "--run-dir", str(run_dir), "--steps", str(steps), "--warm-start", "0", "--prompts", "2",
+            "--samples", "2", "--max-tokens", "4", "--no-progress", *extra]
+
+
+def test_run_log_to_tensorboard_logs_every_step_live(tmp_path):
+    run_dir = tmp_path / "run"
+    assert main(_small_run(run_dir, 2, "--log-to", "tensorboard")) == 0
+    expected = _expected(run_dir)
+    assert sorted(expected) == [0, 1] and "rlkit/time/step_s" in expected[0]
+    _check_tensorboard(run_dir / "tensorboard", expected)
+
+
+def test_run_log_to_wandb_logs_every_step_live(tmp_path):
+    run_dir, log_dir = tmp_path / "run", tmp_path / "logs"
+    assert main(_small_run(run_dir, 1, "--log-to", "wandb", "--log-dir", str(log_dir))) == 0
+    runs = list((log_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    _check_wandb(runs[0], _expected(run_dir))
+
+
+def test_log_dir_without_log_to_is_refused_before_anything_runs(tmp_path, capsys):
+    assert main(_small_run(tmp_path / "run", 1, "--log-dir", str(tmp_path / "logs"))) == 2
+    assert "--log-dir needs --log-to" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "logs").exists()
