@@ -149,9 +149,11 @@ def _add_run(sub) -> None:
     p.add_argument("--threads", type=bounded_nonneg_int,
                    help="torch threads (the lab preset uses 1: the strict CPU references run many small ops)")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--log-to", choices=["tensorboard", "wandb"],
-                   help="also log each step's metrics to TensorBoard or W&B (offline), as the run commits it")
-    p.add_argument("--log-dir", help="where --log-to writes (default: RUN_DIR/tensorboard, or RUN_DIR/wandb/)")
+    p.add_argument("--log-to", choices=["tensorboard", "wandb"], action="append",
+                   help="also log each step's metrics to TensorBoard or W&B (offline), as the run commits it "
+                        "(give it twice for both)")
+    p.add_argument("--log-dir", help="where --log-to writes: TensorBoard's event files in it, W&B's wandb/ "
+                                     "folder under it (default: RUN_DIR/tensorboard, and RUN_DIR/wandb/)")
     p.set_defaults(func=_cmd_run)
 
 
@@ -227,7 +229,7 @@ def _cmd_run(args) -> int:
             raise UsageError(str(exc)) from None
     from rlkit.train.warm_start import WarmStartStopped
 
-    logger = _live_logger(args)
+    loggers = _live_loggers(args)
     previous = signal.signal(signal.SIGTERM, _graceful)
     try:
         store = run(args.resume or args.run_dir, cfg, resume=bool(args.resume), progress=not args.no_progress,
@@ -237,19 +239,18 @@ def _cmd_run(args) -> int:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if logger is not None:
-            logger.stop()
+        _stop_all(loggers)
     last = store.last_step()
     print(f"run {store.run_dir}: {0 if last is None else last + 1} complete steps", file=sys.stderr)
     return 0
 
 
-def _live_logger(args):
-    """`--log-to`: a thread that follows the run's store and logs each new step (None without the flag)."""
+def _live_loggers(args) -> list:
+    """`--log-to`: per target, a thread that follows the run's store and logs each new step."""
     if args.log_dir and not args.log_to:
         raise UsageError("--log-dir needs --log-to tensorboard|wandb")
     if not args.log_to:
-        return None
+        return []
     from rlkit.interop.step_log import LiveLogger, StepWriter
 
     from rlkit.timeline.store import RunStore
@@ -261,8 +262,22 @@ def _live_logger(args):
             after = peek.last_step()
     else:  # never follow (and log) a run this command is about to refuse
         RunStore.check_new(run_dir)
-    StepWriter.check_available(args.log_to)  # refused before the run starts, not at its first step
-    return LiveLogger(run_dir, args.log_to, args.log_dir, after_step=after).start()
+    targets = list(dict.fromkeys(args.log_to))
+    for target in targets:  # refused before the run starts, not at its first step
+        StepWriter.check_available(target)
+    return [LiveLogger(run_dir, target, args.log_dir, after_step=after).start() for target in targets]
+
+
+def _stop_all(loggers: list) -> None:
+    """Stop every live logger (each logs what is left), then raise the first one's failure."""
+    errors = []
+    for logger in loggers:
+        try:
+            logger.stop()
+        except Exception as e:  # noqa: BLE001 - the others still stop
+            errors.append(e)
+    if errors:
+        raise RuntimeError(f"--log-to: {type(errors[0]).__name__}: {errors[0]}")
 
 
 # -- rlkit import / export -----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """A real rlkit run -> the exchange schema (Parquet and JSONL) -> `rlkit import rlkit` -> the same records.
 
-The run is small and native in fp32 (where this CPU's native kernels differ, the round trip carries
+The run (tests/interop/conftest.py) is small and native in fp32 (where this CPU's native kernels differ, the round trip carries
 differing rollout/trainer logprobs too). Every per-token list must come back bit for bit (`torch.equal` on
 the fp32 tensors, sign of zero included), every record field equal (`bitwise_differences`), and the
 divergence metrics the import computes must equal the run's own. A fake store with the values round trips
@@ -15,9 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-from rlkit import loop
 from rlkit.cli import main
-from rlkit.config import lab_default
 from rlkit.divergence import logprob_divergence
 from rlkit.interop import export_rows, read_rows, write_rows
 from rlkit.timeline.records import bitwise_differences
@@ -29,12 +27,8 @@ DIVERGENCE = ("compared_tokens", "mismatch_count", "max_abs_diff", "mean_abs_dif
 
 
 @pytest.fixture(scope="module")
-def rlkit_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("roundtrip") / "native"
-    cfg = lab_default(steps=2, prompts_per_step=2, samples_per_prompt=2, max_tokens=4, warm_start_steps=0,
-                      path="native", dtype="float32", locate_every=0)
-    loop.run(run_dir, cfg, progress=False).close()
-    return run_dir
+def rlkit_run(native_run):
+    return native_run[0]
 
 
 def _fp32(values) -> torch.Tensor:

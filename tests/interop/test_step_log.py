@@ -1,6 +1,7 @@
 """Per-step metrics to TensorBoard and W&B (offline), read back with the libraries' own formats and compared
 with the run store: `rlkit export RUN --to tensorboard|wandb` on an imported run (rlkit's metrics and the
-framework's own), and `rlkit run --log-to ...` live on a small real run.
+framework's own), and `rlkit run --log-to tensorboard --log-to wandb` live on a small real run
+(tests/interop/conftest.py).
 
 TensorBoard keeps scalars as fp32, so its values are compared with the store's fp64 values rounded to fp32
 (exactly); W&B keeps the JSON of the fp64 value, compared exactly. W&B runs offline: no network.
@@ -21,12 +22,8 @@ W_AND_B_OWN = {"_runtime", "_timestamp", "_step"}
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch, tmp_path):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))  # W&B's own cache and config stay in the test's folder
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+def _offline(wandb_offline):
+    return wandb_offline
 
 
 def _expected(run_dir) -> dict[int, dict[str, float]]:
@@ -75,28 +72,17 @@ def test_export_to_wandb_offline_reads_back_equal_to_the_store(imported_verl):
     _check_wandb(runs[0], _expected(imported_verl))
 
 
-def _small_run(run_dir, steps, *extra) -> list[str]:
-    return ["run", "--run-dir", str(run_dir), "--steps", str(steps), "--warm-start", "0", "--prompts", "2",
-            "--samples", "2", "--max-tokens", "4", "--no-progress", *extra]
-
-
-def test_run_log_to_tensorboard_logs_every_step_live(tmp_path):
-    run_dir = tmp_path / "run"
-    assert main(_small_run(run_dir, 2, "--log-to", "tensorboard")) == 0
+def test_run_log_to_both_logged_every_step_live(native_run):
+    run_dir, log_dir = native_run
     expected = _expected(run_dir)
     assert sorted(expected) == [0, 1] and "rlkit/time/step_s" in expected[0]
-    _check_tensorboard(run_dir / "tensorboard", expected)
-
-
-def test_run_log_to_wandb_logs_every_step_live(tmp_path):
-    run_dir, log_dir = tmp_path / "run", tmp_path / "logs"
-    assert main(_small_run(run_dir, 1, "--log-to", "wandb", "--log-dir", str(log_dir))) == 0
+    _check_tensorboard(log_dir, expected)
     runs = list((log_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
-    _check_wandb(runs[0], _expected(run_dir))
+    _check_wandb(runs[0], expected)
 
 
 def test_log_dir_without_log_to_is_refused_before_anything_runs(tmp_path, capsys):
-    assert main(_small_run(tmp_path / "run", 1, "--log-dir", str(tmp_path / "logs"))) == 2
+    assert main(["run", "--run-dir", str(tmp_path / "run"), "--steps", "1", "--log-dir", str(tmp_path / "logs")]) == 2
     assert "--log-dir needs --log-to" in capsys.readouterr().err
     assert not (tmp_path / "run").exists() and not (tmp_path / "logs").exists()
