@@ -372,6 +372,10 @@ def _cmd_report(args) -> int:
                              f"rlkit report --check lists them)")
         rows = [{k: getattr(s, k) for k in REPORT_KEYS} for s in store.steps()]
         source = store.info("import")
+    own = (source or {}).get("metrics", {})
+    for r in rows:  # an imported run: its framework's own metrics, to hold against that framework's logs
+        if str(r["step"]) in own:
+            r["framework_metrics"] = own[str(r["step"])]
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -383,6 +387,11 @@ def _cmd_report(args) -> int:
     for r in rows:
         print(f"{r['step']:5d} {r['weight_version']:7d} {r['compared_tokens']:9d} {r['mismatch_count']:9d} "
               f"{r['max_abs_diff']:13.6g} {r['reward_mean']:7.3f}")
+    if own:
+        print(f"{source['format']}'s own metrics, from the same records (docs/IMPORT.md):")
+        for r in rows:
+            if "framework_metrics" in r:
+                print(f"  step {r['step']}: " + ", ".join(f"{k}={v:.6g}" for k, v in r["framework_metrics"].items()))
     return 0
 
 

@@ -190,7 +190,7 @@ def read_slime(src: Path, semantics: str) -> Source:
                 "rollout_weight_version": version,
                 "reward": None if reward is None else float(reward),
                 "finish_reason": _SLIME_FINISH.get(str(s.get("status")), s.get("status") and str(s.get("status"))),
-            }, str(path), i))
+            }, str(path), f"sample {i}"))
     not_recorded = ["sampling parameters", "engine ids", "logprob semantics (given on the command line)",
                     "loss", "clip fraction", "step times"]
     if not versions_known:
@@ -263,7 +263,7 @@ def read_verl(src: Path, semantics: str) -> Source:
                 "prompt_token_ids": d.get("prompts") or [], "response_token_ids": tokens,
                 "rollout_logprobs": rollout32, "trainer_logprobs": trainer32, "logprob_semantics": semantics,
                 "reward": float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None,
-            }, str(path), lineno))
+            }, str(path), f"line {lineno}"))
     steps = sorted({r.step for r in rows})
     not_recorded = ["weight versions", "sampling parameters", "engine ids", "finish reasons",
                     "logprob semantics (given on the command line)", "loss", "clip fraction", "step times"]

@@ -101,6 +101,7 @@ def import_run(fmt: str, src: str | os.PathLike, run_dir: str | os.PathLike, sem
     not_recorded = list(source.not_recorded)
     if not recorded and "weight versions" not in not_recorded:
         not_recorded.insert(0, "weight versions")
+    not_recorded.append("kernel paths")  # which op ran which path: rlkit's own runs only
     steps = sorted({r.step for r in rows})
     info = {"format": fmt, "source": str(Path(src).resolve()), "layout": LAYOUTS[fmt],
             "logprob_semantics": rows[0].logprob_semantics, "semantics_given": fmt != "rlkit",

@@ -106,9 +106,9 @@ def arrow_schema():
 
 
 # -- checking -------------------------------------------------------------------------------------------
-def _where(source: str, index: int, data: dict) -> str:
-    sid = data.get("sample_id")
-    return f"{source}: record {sid!r} (row {index})" if isinstance(sid, str) and sid else f"{source}: row {index}"
+def _where(source: str, position: str, data: Any) -> str:
+    sid = data.get("sample_id") if isinstance(data, dict) else None
+    return f"{source}: record {sid!r} ({position})" if isinstance(sid, str) and sid else f"{source}: {position}"
 
 
 def _logprobs(where: str, name: str, values: Any) -> list[float]:
@@ -123,9 +123,10 @@ def _logprobs(where: str, name: str, values: Any) -> list[float]:
     return out
 
 
-def row_from_dict(data: dict, source: str, index: int) -> ExchangeRow:
-    """One row, checked; ExchangeError names the record (its sample_id, else its row number)."""
-    where = _where(source, index, data)
+def row_from_dict(data: dict, source: str, position: int | str) -> ExchangeRow:
+    """One row, checked; ExchangeError names the record (its sample_id, and `position`: 'row 3',
+    'line 4', or an int taken as a row number)."""
+    where = _where(source, f"row {position}" if isinstance(position, int) else position, data)
     if not isinstance(data, dict):
         raise ExchangeError(f"{where}: expected an object, got {type(data).__name__}")
     missing = [k for k in REQUIRED if k not in data]
@@ -173,20 +174,23 @@ def row_from_dict(data: dict, source: str, index: int) -> ExchangeRow:
     return ExchangeRow(**{k: values.get(k) for k in COLUMNS})
 
 
-def check_rows(rows: list[ExchangeRow], source: str) -> list[ExchangeRow]:
-    """Checks across rows: unique sample ids, one logprob semantics; returns the rows."""
+def check_rows(rows: list[ExchangeRow], source: str, positions: list[str] | None = None) -> list[ExchangeRow]:
+    """Checks across rows: unique sample ids, one logprob semantics; returns the rows. `positions` names
+    each row in messages (default 'row i')."""
     if not rows:
         raise ExchangeError(f"{source}: no records")
+    positions = positions or [f"row {i}" for i in range(len(rows))]
     seen: dict[str, int] = {}
     first = rows[0].logprob_semantics
     for i, r in enumerate(rows):
         if r.sample_id in seen:
-            raise ExchangeError(f"{source}: record {r.sample_id!r} (row {i}) repeats row {seen[r.sample_id]}'s "
-                                f"sample_id")
+            raise ExchangeError(f"{source}: record {r.sample_id!r} ({positions[i]}) repeats the sample_id of "
+                                f"{positions[seen[r.sample_id]]}")
         seen[r.sample_id] = i
         if r.logprob_semantics != first:
-            raise ExchangeError(f"{source}: record {r.sample_id!r} (row {i}) has {r.logprob_semantics} logprobs, "
-                                f"the records before it {first}: mixed logprob semantics are never compared")
+            raise ExchangeError(f"{source}: record {r.sample_id!r} ({positions[i]}) has {r.logprob_semantics} "
+                                f"logprobs, the records before it {first}: mixed logprob semantics are never "
+                                f"compared")
     return rows
 
 
@@ -205,7 +209,7 @@ def read_rows(path: str | Path) -> list[ExchangeRow]:
     if not path.is_file():
         raise ExchangeError(f"{path}: no such file")
     if _kind(path) == "jsonl":
-        dicts = []
+        dicts, positions = [], []
         with open(path, encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
@@ -214,6 +218,7 @@ def read_rows(path: str | Path) -> list[ExchangeRow]:
                     dicts.append(json.loads(line))
                 except ValueError as e:
                     raise ExchangeError(f"{path}: line {lineno} is not JSON ({e})") from None
+                positions.append(f"line {lineno}")
     else:
         import pyarrow.parquet as pq
 
@@ -225,7 +230,8 @@ def read_rows(path: str | Path) -> list[ExchangeRow]:
         if missing:
             raise ExchangeError(f"{path}: missing column(s) {', '.join(missing)} (every record needs them)")
         dicts = table.to_pylist()
-    return check_rows([row_from_dict(d, str(path), i) for i, d in enumerate(dicts)], str(path))
+        positions = [f"row {i}" for i in range(len(dicts))]
+    return check_rows([row_from_dict(d, str(path), at) for d, at in zip(dicts, positions)], str(path), positions)
 
 
 def write_rows(rows: list[ExchangeRow], path: str | Path) -> Path:

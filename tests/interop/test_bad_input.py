@@ -61,7 +61,13 @@ def test_missing_jsonl_field_names_the_record(tmp_path, capsys):
 def test_ragged_tokens_and_logprobs(tmp_path, capsys):
     bad = _row("s0/p0/3", trainer_logprobs=[-0.5, -1.0])
     _refused(tmp_path, capsys, ["import", "rlkit", _jsonl(tmp_path / "x.jsonl", [_row("ok"), bad])],
-             "record 's0/p0/3'", "2 trainer_logprobs for 3 response tokens")
+             "record 's0/p0/3' (line 2)", "2 trainer_logprobs for 3 response tokens")
+
+
+def test_a_line_that_is_not_an_object(tmp_path, capsys):
+    path = tmp_path / "x.jsonl"
+    path.write_text(json.dumps(_row("ok")) + "\n\n" + json.dumps([1, 2]) + "\n")
+    _refused(tmp_path, capsys, ["import", "rlkit", str(path)], "x.jsonl: line 3: expected an object, got list")
 
 
 def test_nan_logprob(tmp_path, capsys):

@@ -8,6 +8,7 @@ divergence exactly (the diffs are exact binary fractions), the frameworks' metri
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -128,7 +129,12 @@ def test_report_and_dashboard_state_open_an_imported_run(tmp_path, capsys):
     assert main(["report", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("imported from slime") and "not recorded:" in out[0]
-    assert len(out) == 4  # the origin line, the header, two steps
+    assert out[4] == "slime's own metrics, from the same records (docs/IMPORT.md):"
+    assert out[5].startswith("  step 0: train/train_rollout_logprob_abs_diff=")
+    assert len(out) == 7  # the origin line, the header, two steps, slime's metrics of both
+    assert main(["report", str(tmp_path / "run"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert set(rows[1]["framework_metrics"]) == {"train/train_rollout_logprob_abs_diff"}
     assert main(["report", str(tmp_path / "run"), "--check"]) == 0
 
     from rlkit.dashboards.state import DashboardState
