@@ -122,7 +122,7 @@ def read_slime(src: Path, semantics: str) -> Source:
     files = _numbered(rollout_dir, ".pt")
     if not files:
         raise ExchangeError(f"{src}: no slime rollout dumps (rollout_data/<rollout_id>.pt)")
-    rows, masks, rounded, no_train, versions_known = [], {}, 0, [], True
+    rows, masks, rounded, no_train, versions_known, untrained = [], {}, 0, [], True, 0
     for rollout_id, path in files:
         payload = _load_pt(path)
         if not isinstance(payload, dict) or not isinstance(payload.get("samples"), list):
@@ -139,6 +139,9 @@ def read_slime(src: Path, semantics: str) -> Source:
             link = "rollout_position"
         elif train and all(t.get("sample_index") is not None for t in train):
             link = "sample_index"
+        if link == "order" and train is not None and len(train) != len(samples):
+            raise ExchangeError(f"{train_path}: {len(train)} train samples for {len(samples)} rollout samples, "
+                                f"and neither rollout_position nor sample_index to link them")
         by_key = {(j if link == "order" else int(t[link])): t for j, t in enumerate(train or [])}
         group_counts: dict[Any, int] = {}
         for i, s in enumerate(samples):
@@ -169,8 +172,8 @@ def read_slime(src: Path, semantics: str) -> Source:
                 if len(trainer) != n:
                     raise ExchangeError(f"{train_path}: record {sid!r}: {len(trainer)} log_probs for "
                                         f"response_length {n} (ragged record)")
-            elif train is not None:
-                raise ExchangeError(f"{train_path}: no train sample for record {sid!r}")
+            elif train is not None:  # not trained on (slime's remove_sample, a filter): rollout side only
+                untrained += 1
             group = s.get("group_index")
             group_counts[group] = group_counts.get(group, -1) + 1
             reward = s.get("reward")
@@ -198,6 +201,8 @@ def read_slime(src: Path, semantics: str) -> Source:
     if no_train:
         not_recorded.insert(0, f"trainer logprobs of step(s) {', '.join(map(str, no_train))} (no train_data dump)")
     notes = [f"{rounded} logprob(s) were not fp32 values and were rounded to fp32"] if rounded else []
+    if untrained:
+        notes.append(f"{untrained} rollout sample(s) have no train sample (not trained on): rollout side only")
     return Source("slime", str(src), check_rows(rows, str(src)), not_recorded, notes, masks)
 
 

@@ -149,3 +149,19 @@ def test_report_and_dashboard_state_open_an_imported_run(tmp_path, capsys):
         assert len(state.tokens) == state.step_records.set_index("record_id").loc[state.record_id, "n_tokens"]
     finally:
         state.close()
+
+
+def test_slime_samples_without_a_train_sample_keep_their_rollout_side(tmp_path):
+    """slime trains on fewer samples than it rolled out when some are removed (Sample.remove_sample, a
+    filter); the train dump links the rest by rollout_position."""
+    known = write_slime(tmp_path / "dump", rollouts=(0,))
+    path = tmp_path / "dump" / "train_data" / "0.pt"
+    payload = torch.load(path, weights_only=True)
+    del payload["samples"][1]
+    torch.save(payload, path)
+    known[1].trainer = None
+    with import_run("slime", tmp_path / "dump", tmp_path / "run") as store:
+        _check_records(store, known)
+        assert len(store.recomputes(0)) == 3
+        source = store.info("import")
+    assert source["notes"] == ["1 rollout sample(s) have no train sample (not trained on): rollout side only"]
