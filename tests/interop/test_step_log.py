@@ -86,3 +86,38 @@ def test_log_dir_without_log_to_is_refused_before_anything_runs(tmp_path, capsys
     assert main(["run", "--run-dir", str(tmp_path / "run"), "--steps", "1", "--log-dir", str(tmp_path / "logs")]) == 2
     assert "--log-dir needs --log-to" in capsys.readouterr().err
     assert not (tmp_path / "run").exists() and not (tmp_path / "logs").exists()
+
+
+def test_live_logger_logs_only_steps_committed_after_it_started_from(tmp_path):
+    """A resumed run's logger skips the steps committed before the resume (they were logged by the command
+    that ran them) and logs each new one as it is committed."""
+    from rlkit.interop.step_log import LiveLogger
+    from tests.timeline.fakes import initial, make_step
+
+    run_dir = tmp_path / "run"
+    store = RunStore.create(run_dir, {"steps": 3})
+    store.commit_initial(*initial())
+    for step in (0, 1):
+        fake = make_step(step)
+        store.commit_step(fake.summary, fake.records, fake.recomputes, fake.versions, fake.syncs)
+    logger = LiveLogger(run_dir, "tensorboard", after_step=1, period_s=0.05).start()
+    fake = make_step(2)
+    store.commit_step(fake.summary, fake.records, fake.recomputes, fake.versions, fake.syncs)
+    store.close()
+    logger.stop()
+    assert logger.logged == [2]
+    expected = _expected(run_dir)
+    _check_tensorboard(run_dir / "tensorboard", {2: expected[2]})
+
+
+def test_log_to_on_a_used_run_dir_is_refused_and_logs_nothing(tmp_path, capsys):
+    from tests.timeline.fakes import initial, make_step
+
+    run_dir = tmp_path / "run"
+    with RunStore.create(run_dir, {"steps": 1}) as store:
+        store.commit_initial(*initial())
+        fake = make_step(0)
+        store.commit_step(fake.summary, fake.records, fake.recomputes, fake.versions, fake.syncs)
+    assert main(["run", "--run-dir", str(run_dir), "--steps", "1", "--log-to", "tensorboard"]) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert not (run_dir / "tensorboard").exists()
