@@ -25,6 +25,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rlkit.timeline.records import RecordError, fp32_values, int32_values
 
 SEMANTICS = ("raw", "processed")
@@ -114,8 +116,8 @@ def _where(source: str, position: str, data: Any) -> str:
 def _logprobs(where: str, name: str, values: Any) -> list[float]:
     try:
         out = fp32_values("row", name, values)
-    except RecordError as e:
-        raise ExchangeError(f"{where}: {e}") from None
+    except (RecordError, TypeError, ValueError) as e:  # ValueError: a nested or ragged list
+        raise ExchangeError(f"{where}: {' '.join(str(e).split())}") from None
     bad = [i for i, v in enumerate(out) if math.isnan(v) or v == math.inf]
     if bad:
         raise ExchangeError(f"{where}: {name}[{bad[0]}] is {out[bad[0]]} ({len(bad)} NaN/+inf value(s)); a "
@@ -159,11 +161,19 @@ def row_from_dict(data: dict, source: str, position: int | str) -> ExchangeRow:
     if values["logprob_semantics"] not in SEMANTICS:
         raise ExchangeError(f"{where}: logprob_semantics must be raw or processed, got "
                             f"{values['logprob_semantics']!r}")
+    for name in ("prompt_token_ids", "response_token_ids", "rollout_logprobs", "trainer_logprobs"):
+        v = values[name]
+        if v is None and name == "trainer_logprobs":
+            continue
+        if isinstance(v, np.ndarray) and v.ndim == 1:  # a reader's fp32 array
+            continue
+        if not isinstance(v, (list, tuple)) or any(isinstance(x, (list, tuple, dict, str)) for x in v):
+            raise ExchangeError(f"{where}: {name} must be a flat list of numbers, got {str(v)[:60]}")
     try:
         values["prompt_token_ids"] = int32_values("row", "prompt_token_ids", values["prompt_token_ids"])
         values["response_token_ids"] = int32_values("row", "response_token_ids", values["response_token_ids"])
-    except (RecordError, TypeError) as e:
-        raise ExchangeError(f"{where}: {e}") from None
+    except (RecordError, TypeError, ValueError) as e:  # ValueError: a nested or ragged list
+        raise ExchangeError(f"{where}: {' '.join(str(e).split())}") from None
     n = len(values["response_token_ids"])
     for name in ("rollout_logprobs", "trainer_logprobs"):
         if name == "trainer_logprobs" and values[name] is None:

@@ -146,3 +146,9 @@ def test_a_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
     assert calls == [0, 1]
     assert list((tmp_path / "run").iterdir()) == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dump", "run"]
+
+
+def test_a_nested_token_list(tmp_path, capsys):
+    bad = _row("e", response_token_ids=[[3, 4], [5]])
+    _refused(tmp_path, capsys, ["import", "rlkit", _jsonl(tmp_path / "x.jsonl", [bad])],
+             "record 'e' (line 1)", "response_token_ids must be a flat list of numbers")
