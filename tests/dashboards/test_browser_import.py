@@ -17,7 +17,10 @@ from tests.interop.dumps import write_slime
 pytestmark = pytest.mark.browser
 
 
-def test_an_imported_slime_run_opens_in_the_dashboard(page, tmp_path):
+@pytest.fixture
+def imported_dashboard(tmp_path):
+    """An imported slime run served by `rlkit dashboard`; stopped after the page (requested after this
+    fixture) is closed, so the page never sees its server go away."""
     write_slime(tmp_path / "dump")
     run_dir = tmp_path / "slime-run"
     import_run("slime", tmp_path / "dump", run_dir).close()
@@ -27,16 +30,22 @@ def test_an_imported_slime_run_opens_in_the_dashboard(page, tmp_path):
     try:
         wait_for("the dashboard server", lambda: http("GET", f"{base}/api/status", token=TOKEN)[0] == 200,
                  proc=dash, log=log)
-        page.goto(f"{base}/?token={TOKEN}")
-        page.get_by_text("imported from slime; not recorded: sampling parameters").first.wait_for()
-        page.get_by_text("slime-run: steps 0–1 (finished)").first.wait_for()
-        page.get_by_text("slime-run step 1: 4 samples × 6 positions, 6 tokens differ").first.wait_for()
-        heatmap = page.locator(".js-plotly-plot").nth(2)
-        assert heatmap.evaluate("gd => gd.data[0].type") == "heatmap"
-        assert heatmap.evaluate("gd => gd.data[0].z.length") == 4
-        points = page.locator(".js-plotly-plot").first.evaluate("gd => gd.data[0].x.length")
-        assert points == 2  # the mismatch chart has both imported steps
+        yield base
     finally:
         code = stop(dash)
     assert code == 0, log.read_text()[-2000:]
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def test_an_imported_slime_run_opens_in_the_dashboard(imported_dashboard, page):
+    page.goto(f"{imported_dashboard}/?token={TOKEN}")
+    page.get_by_text("imported from slime; not recorded: sampling parameters").first.wait_for()
+    page.get_by_text("slime-run: steps 0–1 (finished)").first.wait_for()
+    page.get_by_text("kernel paths — imported from slime: not recorded").first.wait_for()
+    assert page.get_by_role("button", name="attention: not recorded").is_disabled()
+    page.get_by_text("slime-run step 1: 4 samples × 6 positions, 6 tokens differ").first.wait_for()
+    heatmap = page.locator(".js-plotly-plot").nth(2)
+    assert heatmap.evaluate("gd => gd.data[0].type") == "heatmap"
+    assert heatmap.evaluate("gd => gd.data[0].z.length") == 4
+    points = page.locator(".js-plotly-plot").first.evaluate("gd => gd.data[0].x.length")
+    assert points == 2  # the mismatch chart has both imported steps
