@@ -121,3 +121,13 @@ def test_log_to_on_a_used_run_dir_is_refused_and_logs_nothing(tmp_path, capsys):
     assert main(["run", "--run-dir", str(run_dir), "--steps", "1", "--log-to", "tensorboard"]) == 2
     assert "not empty" in capsys.readouterr().err
     assert not (run_dir / "tensorboard").exists()
+
+
+@pytest.mark.parametrize("target", ["tensorboard", "wandb"])
+def test_a_missing_extra_is_one_line(imported_verl, monkeypatch, capsys, target):
+    import sys
+
+    monkeypatch.setitem(sys.modules, target, None)  # as if the extra were not installed
+    assert main(["export", str(imported_verl), "--to", target]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"rlkit export: error: {target} needs the {target} package: pip install 'rlkit[{target}]'"]
