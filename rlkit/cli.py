@@ -252,7 +252,6 @@ def _live_loggers(args) -> list:
     if not args.log_to:
         return []
     from rlkit.interop.step_log import LiveLogger, StepWriter
-
     from rlkit.timeline.store import RunStore
 
     run_dir = args.resume or args.run_dir
