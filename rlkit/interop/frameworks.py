@@ -127,6 +127,8 @@ def read_slime(src: Path, semantics: str) -> Source:
         payload = _load_pt(path)
         if not isinstance(payload, dict) or not isinstance(payload.get("samples"), list):
             raise ExchangeError(f"{path}: expected slime's rollout dump {{'rollout_id', 'samples': [...]}}")
+        if payload.get("rollout_id", rollout_id) != rollout_id:
+            raise ExchangeError(f"{path}: holds rollout {payload.get('rollout_id')}, its name says {rollout_id}")
         samples = payload["samples"]
         train_path = train_dir / f"{rollout_id}.pt" if train_dir else None
         train = _slime_train_samples(train_path, rollout_id) if train_path and train_path.is_file() else None
@@ -185,7 +187,7 @@ def read_slime(src: Path, semantics: str) -> Source:
             if s.get("loss_mask") is not None:
                 masks[sid] = _ints(s["loss_mask"])
             rows.append(row_from_dict({
-                "step": int(payload.get("rollout_id", rollout_id)), "sample_id": sid,
+                "step": rollout_id, "sample_id": sid,
                 "prompt_id": f"slime/{rollout_id}/group{group if group is not None else i}",
                 "sample_index": group_counts[group], "prompt_token_ids": tokens[:len(tokens) - n],
                 "response_token_ids": tokens[len(tokens) - n:], "rollout_logprobs": rollout,
