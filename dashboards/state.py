@@ -111,6 +111,9 @@ class RunState(param.Parameterized):
     progress = param.Dict(default=None, allow_None=True,
                           doc="What the run does before its first step (the warm start's step, total, loss, "
                               "eta_s), as the run last reported it; None once steps arrive.")
+    source = param.Dict(default=None, allow_None=True,
+                        doc="For a run imported from another framework's dump: its format, layout and what "
+                            "it did not record (the store's 'import' info); None for rlkit's own runs.")
     revision = param.Integer(0, doc="Incremented whenever any of the above changes.")
 
     def __init__(self, run_dir, label: str | None = None, **params):
@@ -153,13 +156,17 @@ class RunState(param.Parameterized):
     def status(self) -> str:
         if not self.exists:
             return f"{self.label}: waiting for the run to start ({self.run_dir})"
-        span = f"steps 0–{self.last_step}" if self._summaries else "no step yet"
+        span = f"steps {min(self._summaries)}–{self.last_step}" if self._summaries else "no step yet"
         if not self._summaries and self.progress:
             span += f" — {describe_progress(self.progress)}"
         # a run that stopped early looks like a live one from the store: say only what is known
         mode = "finished" if self.finished else f"{self.n_steps} of {self.planned_steps} steps so far"
         pending = f", {len(self.pending)} toggle request(s) pending" if len(self.pending) else ""
-        return f"{self.label}: {span} ({mode}){pending}"
+        origin = ""
+        if self.source:  # an imported run says where it came from and what its source did not record
+            origin = (f" — imported from {self.source.get('format')}; not recorded: "
+                      f"{', '.join(self.source.get('not_recorded') or ['nothing'])}")
+        return f"{self.label}: {span} ({mode}){pending}{origin}"
 
     def poll(self) -> list[int]:
         """Read what the run committed since the last poll; returns the steps that arrived."""
@@ -168,6 +175,7 @@ class RunState(param.Parameterized):
         if self._timeline is None and self._follower.store is not None:
             self._timeline = Timeline(self.run_dir)
             self.config = self._timeline.config()
+            self.source = self._timeline.source()
             self.exists = True
             self.paths = initial_paths(self.config)
             changed = True

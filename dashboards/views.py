@@ -63,6 +63,8 @@ class ToggleControls(pn.viewable.Viewer):
         run, allowed = self.run, self.state.can_control()
         if not run.exists:
             why = "waiting for the run to start"
+        elif run.source:
+            why = f"imported from {run.source.get('format')}: not recorded"
         elif run.finished:
             why = "run finished: replay only"
         elif not allowed:
@@ -71,7 +73,7 @@ class ToggleControls(pn.viewable.Viewer):
             why = "click to switch; applied at the run's next step boundary (a stopped run: when it resumes)"
         self._header.object = f"**{run.label}** kernel paths — {why}"
         for op, b in self._buttons.items():
-            current = run.paths.get(op, "?")
+            current = run.paths.get(op, "not recorded" if run.source else "?")
             asked = run.pending_path(op)
             if asked is not None and asked != current:
                 b.label, b.disabled, b.color = f"{op}: {asked} requested", True, "warning"

@@ -4,6 +4,8 @@
     rlkit run --preset tiny --task arith --steps 50 --path strict --run-dir runs/a
     rlkit run --resume runs/a
     rlkit report runs/a [--json] [--check]
+    rlkit import slime dumps/run --run-dir runs/slime-run
+    rlkit export runs/a --to rlkit|tensorboard|wandb [--out PATH]
     rlkit dashboard runs/a runs/b
     rlkit lab
     rlkit bench kernels
@@ -153,6 +155,11 @@ def _add_run(sub) -> None:
     p.add_argument("--threads", type=bounded_nonneg_int,
                    help="torch threads (the lab preset uses 1: the strict CPU references run many small ops)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--log-to", choices=["tensorboard", "wandb"], action="append",
+                   help="also log each step's metrics to TensorBoard or W&B (offline), as the run commits it "
+                        "(give it twice for both)")
+    p.add_argument("--log-dir", help="where --log-to writes: TensorBoard's event files in it, W&B's wandb/ "
+                                     "folder under it (default: RUN_DIR/tensorboard, and RUN_DIR/wandb/)")
     p.set_defaults(func=_cmd_run)
 
 
@@ -228,6 +235,7 @@ def _cmd_run(args) -> int:
             raise UsageError(str(exc)) from None
     from rlkit.train.warm_start import WarmStartStopped
 
+    loggers = _live_loggers(args)
     previous = signal.signal(signal.SIGTERM, _graceful)
     try:
         store = run(args.resume or args.run_dir, cfg, resume=bool(args.resume), progress=not args.no_progress,
@@ -237,8 +245,106 @@ def _cmd_run(args) -> int:
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _stop_all(loggers)
     last = store.last_step()
     print(f"run {store.run_dir}: {0 if last is None else last + 1} complete steps", file=sys.stderr)
+    return 0
+
+
+def _live_loggers(args) -> list:
+    """`--log-to`: per target, a thread that follows the run's store and logs each new step."""
+    if args.log_dir and not args.log_to:
+        raise UsageError("--log-dir needs --log-to tensorboard|wandb")
+    if not args.log_to:
+        return []
+    from rlkit.interop.step_log import LiveLogger, StepWriter
+    from rlkit.timeline.store import RunStore
+
+    run_dir = args.resume or args.run_dir
+    after = None
+    if args.resume:  # the steps already committed were logged by the command that ran them
+        with RunStore.open(run_dir, readonly=True, untouched=True) as peek:
+            after = peek.last_step()
+    else:  # never follow (and log) a run this command is about to refuse
+        RunStore.check_new(run_dir)
+    targets = list(dict.fromkeys(args.log_to))
+    for target in targets:  # refused before the run starts, not at its first step
+        StepWriter.check_available(target)
+    return [LiveLogger(run_dir, target, args.log_dir, after_step=after).start() for target in targets]
+
+
+def _stop_all(loggers: list) -> None:
+    """Stop every live logger (each logs what is left), then raise the first one's failure."""
+    errors = []
+    for logger in loggers:
+        try:
+            logger.stop()
+        except Exception as e:  # noqa: BLE001 - the others still stop
+            errors.append(e)
+    if errors:
+        raise RuntimeError(f"--log-to: {type(errors[0]).__name__}: {errors[0]}")
+
+
+# -- rlkit import / export -----------------------------------------------------------------------------
+def _add_import(sub) -> None:
+    from rlkit.interop.frameworks import FORMATS
+
+    p = sub.add_parser("import", help="open another framework's rollout/trainer dump as an rlkit run",
+                       description="Read a dump (FORMAT: rlkit = the exchange schema, a .parquet or .jsonl "
+                                   "file; slime = a --dump-details folder; verl = a trainer.rollout_data_dir "
+                                   "folder of <step>.jsonl) and write it as a new run in --run-dir, with "
+                                   "rlkit's divergence metrics and the framework's own. All or nothing: bad "
+                                   "input is one line naming the record, and no run directory is left. "
+                                   "docs/IMPORT.md describes the schema and each layout.")
+    p.add_argument("format", choices=FORMATS)
+    p.add_argument("src", help="the dump: a file (rlkit) or a folder (slime, verl)")
+    p.add_argument("--run-dir", required=True, help="a new (empty) directory for the run store")
+    p.add_argument("--logprob-semantics", choices=["raw", "processed"], default="raw",
+                   help="what the dump's logprobs are (slime and verl do not record it; default raw)")
+    p.set_defaults(func=_cmd_import)
+
+
+def _cmd_import(args) -> int:
+    from rlkit.interop.importer import import_run
+
+    with import_run(args.format, args.src, args.run_dir, args.logprob_semantics) as store:
+        source = store.info("import")
+        steps = store.steps()
+    compared = sum(s.compared_tokens for s in steps)
+    mismatched = sum(s.mismatch_count for s in steps)
+    print(f"imported {source['records']} records of {len(steps)} steps from {args.format} into {store.run_dir}: "
+          f"{mismatched} of {compared} compared tokens differ; not recorded: "
+          f"{', '.join(source['not_recorded']) or 'nothing'}", file=sys.stderr)
+    return 0
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="a run's records in the exchange schema, or its metrics to TensorBoard/W&B",
+                       description="--to rlkit writes every record (both sides' logprobs) as the exchange "
+                                   "schema to --out (.parquet or .jsonl). --to tensorboard|wandb writes the "
+                                   "per-step metrics (W&B in offline mode) to --out (default: RUN/tensorboard, "
+                                   "or RUN/wandb/).")
+    p.add_argument("run_dir")
+    p.add_argument("--to", required=True, choices=["rlkit", "tensorboard", "wandb"])
+    p.add_argument("--out", help="the file (--to rlkit) or folder to write")
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args) -> int:
+    if args.to == "rlkit":
+        from rlkit.interop.importer import export_rows
+        from rlkit.interop.schema import write_rows
+
+        if not args.out:
+            raise UsageError("--to rlkit needs --out FILE (.parquet or .jsonl)")
+        rows = export_rows(args.run_dir)
+        print(f"wrote {len(rows)} records to {write_rows(rows, args.out)}", file=sys.stderr)
+        return 0
+    from rlkit.interop.step_log import export_run
+
+    with _stdout_to_stderr():  # the libraries' chatter
+        where = export_run(args.run_dir, args.to, args.out)
+    print(f"wrote the per-step metrics of {args.run_dir} to {where}", file=sys.stderr)
     return 0
 
 
@@ -270,13 +376,27 @@ def _cmd_report(args) -> int:
             raise StoreError(f"{store.run_dir} is damaged: {problems[0]} ({len(problems)} problem(s); "
                              f"rlkit report --check lists them)")
         rows = [{k: getattr(s, k) for k in REPORT_KEYS} for s in store.steps()]
+        source = store.info("import")
+    own = (source or {}).get("metrics", {})
+    for r in rows:  # an imported run: its framework's own metrics, to hold against that framework's logs
+        if str(r["step"]) in own:
+            r["framework_metrics"] = own[str(r["step"])]
     if args.json:
         print(json.dumps(rows))
         return 0
+    if source is not None:  # say where the run came from and what its source did not record
+        print(f"imported from {source['format']} ({source['layout']}); logprobs {source['logprob_semantics']}"
+              f"{' (as given)' if source.get('semantics_given') else ''}; not recorded: "
+              f"{', '.join(source['not_recorded']) or 'nothing'}")
     print(f"{'step':>5} {'version':>7} {'compared':>9} {'mismatch':>9} {'max_abs_diff':>13} {'reward':>7}")
     for r in rows:
         print(f"{r['step']:5d} {r['weight_version']:7d} {r['compared_tokens']:9d} {r['mismatch_count']:9d} "
               f"{r['max_abs_diff']:13.6g} {r['reward_mean']:7.3f}")
+    if own:
+        print(f"{source['format']}'s own metrics, from the same records (docs/IMPORT.md):")
+        for r in rows:
+            if "framework_metrics" in r:
+                print(f"  step {r['step']}: " + ", ".join(f"{k}={v:.6g}" for k, v in r["framework_metrics"].items()))
     return 0
 
 
@@ -302,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_parity(sub)
     _add_run(sub)
     _add_report(sub)
+    _add_import(sub)
+    _add_export(sub)
     _add_bench(sub)
     from rlkit.dashboards.commands import add_commands  # the lab's commands live with the dashboard
 

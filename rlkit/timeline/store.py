@@ -289,10 +289,12 @@ class RunStore:
     def schema_version(self) -> int:
         return int(self._rows("SELECT value FROM meta WHERE key = 'schema_version'")[0][0])
 
-    INFO_KEYS = ("platform", "progress")
+    INFO_KEYS = ("platform", "progress", "import")
     """Run information that is not part of the timeline: where the run computes and why in that dtype
-    ("platform"), and what it is doing before its first step ("progress": the warm start's step, loss
-    and time left). Overwritten in place; readers take the latest."""
+    ("platform"), what it is doing before its first step ("progress": the warm start's step, loss
+    and time left), and for a run imported from another framework's dump where it came from and what
+    the dump did not record ("import", rlkit/interop/importer.py). Overwritten in place; readers take
+    the latest."""
 
     def set_info(self, key: str, value: dict[str, Any]) -> None:
         if key not in self.INFO_KEYS:

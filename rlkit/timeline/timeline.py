@@ -78,6 +78,20 @@ class Timeline:
     def config(self) -> dict:
         return self.store.config()
 
+    def source(self) -> dict | None:
+        """For a run imported from another framework's dump (`rlkit import`): its format, the layout
+        version read, the logprob semantics, what the dump did not record (`not_recorded`) and, per step,
+        the framework's own metrics (`metrics`); None for a run rlkit made."""
+        return self.store.info("import")
+
+    def framework_metrics(self) -> pd.DataFrame:
+        """One row per step of an imported run: the framework's own metrics under their own names (empty
+        for a run rlkit made, or a source without trainer logprobs)."""
+        metrics = (self.source() or {}).get("metrics", {})
+        rows = [dict(step=int(step), **values) for step, values in metrics.items()]
+        columns = ["step"] + sorted({k for r in rows for k in r} - {"step"})
+        return _frame(sorted(rows, key=lambda r: r["step"]), columns)
+
     def steps(self) -> pd.DataFrame:
         """One row per complete step: every StepSummary field; ops_paths as `path.<op>` columns and timings
         as `time.<phase>` columns."""

@@ -20,9 +20,9 @@ ALL = sorted(NOTEBOOKS.glob("*.ipynb"))
 CELL_TIMEOUT_S = 600
 
 
-def test_the_four_notebooks_are_there():
+def test_the_notebooks_are_there():
     assert [p.name for p in ALL] == ["01_quickstart.ipynb", "02_strict_vs_native.ipynb", "03_token_heatmaps.ipynb",
-                                     "04_live_monitoring.ipynb"]
+                                     "04_live_monitoring.ipynb", "06_import.ipynb"]
 
 
 @pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
