@@ -156,9 +156,7 @@ class MegatronTrainer:
         self.config = config or MegatronTrainConfig()
         self.device = torch.device(device)
         tp, pp, cp = self.config.tp, self.config.pp, self.config.cp
-        convert.check_tp(cfg, tp)
-        if cfg.num_hidden_layers % pp:
-            raise ValueError(f"PP {pp} does not divide num_hidden_layers={cfg.num_hidden_layers}")
+        convert.check_layout(cfg, tp, pp)
         initialize_parallel(tp, pp, cp)
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.pp_group = parallel_state.get_pipeline_model_parallel_group()
