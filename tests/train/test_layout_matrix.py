@@ -217,6 +217,8 @@ def test_every_layout_trains_and_syncs(matrix):
     before = build_model(preset("tiny"), seed=SEED).state_dict()
     prompts = [tuple(s[:p]) for s, p in zip(job["sequences"], job["prompt_lens"])]
     responses = [list(s[p:]) for s, p in zip(job["sequences"], job["prompt_lens"])]
+    print("\ngradient norm of the step, by layout (TP x CP x PP): " + ", ".join(
+        f"{tp}x{cp}x{pp} {matrix[(tp, cp, pp)][0]['stats']['grad_norm']:.9g}" for tp, cp, pp in _layouts()))
     for layout in _layouts():
         ranks = matrix[layout]
         for rank, got in enumerate(ranks):

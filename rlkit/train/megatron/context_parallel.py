@@ -51,6 +51,11 @@ class ContextSplit:
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:
             raise ValueError(f"context parallel rank {self.rank} of size {self.size}: need 0 <= rank < size")
+        idle = [r for r in range(self.size) if not self.segments(r)]
+        if idle:  # every rank of the group computes this, so all of them refuse the pack together
+            raise ValueError(f"CP {self.size}: a pack of sequences of lengths {list(self.lens)} leaves CP "
+                             f"rank(s) {idle} without a token (each sequence is cut into {2 * self.size} "
+                             f"chunks); pack more or longer sequences, or use a smaller CP")
 
     @cached_property
     def starts(self) -> tuple[int, ...]:

@@ -25,10 +25,12 @@ Parallelism: world = TP x CP x PP ranks (data parallelism is not wired: one mode
   the same loss; every parameter's gradient is summed over the CP group by the canonical all-reduce.
   Ring (p2p) CP would exchange split states instead and would need a (max, sum, acc) split-state API
   from rlkit.kernels.attention.
-- Sequence parallelism: not wired (StrictRowParallelLinear refuses it). It only shards the per-token
-  norm and residual work over the TP ranks (a memory saving); the strict row-parallel reduction already
-  all-gathers every rank's fp32 partial, so a tree-ordered reduce-scatter built on it would move as many
-  bytes as the all-reduce and change no bit. The bits would be equal with it; the gain is not there.
+- Sequence parallelism: left off (StrictRowParallelLinear refuses it). With a tree-ordered
+  reduce-scatter (each rank's rows of the canonical all-reduce) it would change no bit; what it buys is
+  memory, each TP rank keeping 1/TP of the norm and residual activations. Megatron's SP needs the packed
+  token count to divide by TP (pad tokens that attention and the loss must then skip) and its
+  gather/scatter sit inside the layers rlkit replaces, while CP already shards those activations along
+  the sequence for long contexts; so that padding path is not built yet.
 
 Distributed set-up: call `torch.distributed.init_process_group` first (gloo on CPU, NCCL on GPUs; the
 strict collectives are all_gather based and run on either); with TP = PP = 1 and no process group, the
