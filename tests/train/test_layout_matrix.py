@@ -96,7 +96,7 @@ def _rollouts(rank: int, world: int) -> dict:
     return shared[0]
 
 
-def _sequence_sets(rollouts: dict) -> dict:
+def _sequence_sets(rollouts: dict) -> tuple[dict, dict]:
     """The distinct (path, sequences) the trainer must recompute, and which one each rollout cell uses."""
     sets, cell_set = {}, {}
     for (tp, path), rec in rollouts.items():

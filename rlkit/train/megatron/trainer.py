@@ -33,7 +33,7 @@ Parallelism: world = TP x CP x PP ranks (data parallelism is not wired: one mode
   the sequence for long contexts; so that padding path is not built yet.
 
 Distributed set-up: call `torch.distributed.init_process_group` first (gloo on CPU, NCCL on GPUs; the
-strict collectives are all_gather based and run on either); with TP = PP = 1 and no process group, the
+strict collectives are all_gather based and run on either); with TP = CP = PP = 1 and no process group, the
 trainer starts a one-process gloo group itself.
 
     trainer = MegatronTrainer(cfg, hf_state_dict, contract, MegatronTrainConfig(tp=2))
@@ -236,9 +236,9 @@ class MegatronTrainer:
         return ContextSplit(tuple(lens), self.config.cp, self.cp_rank) if self.config.cp > 1 else None
 
     def _forward_pack(self, seqs: list[torch.Tensor]):
-        """One packed forward. Returns (full-vocab fp32 logits [T, V] on the last stage else None; at
-        CP > 1 the rows of this rank's tokens only, `self._split` order, (stage output, received input)
-        for the pipeline backward)."""
+        """One packed forward. Returns (full-vocab fp32 logits on the last stage else None, (stage output,
+        received input) for the pipeline backward). The logits are [T, V] for the whole pack at CP 1, and
+        the rows of this rank's tokens (ContextSplit.owned order) at CP > 1."""
         lens = [int(s.numel()) for s in seqs]
         split = self._split(lens)
         if split is None:
