@@ -47,6 +47,8 @@ LAYOUTS = {1: [(1, 1, 1)], 2: [(2, 1, 1), (1, 2, 1), (1, 1, 2)], 4: [(2, 2, 1), 
            8: [(2, 2, 2)]}
 """Trainer layouts (TP, CP, PP) by world size."""
 ROLLOUT_TP = (1, 2, 4)
+RESUMED = (1, 2, 1)
+"""The layout that also checkpoints and resumes (each CP rank its own file)."""
 LR = 1e-3
 PRELOAD = ("torch", "rlkit.train.megatron", "rlkit.rollout.engine", "tests.train.test_layout_matrix")
 """Imported once by the fork server the ranks are forked from (tests/distributed.py)."""
@@ -143,7 +145,24 @@ def _layout_rank(rank: int, world: int, sets: dict | None, train_job: dict | Non
                              "checksum": weights_checksum(state),
                              "state_after": state if rank == 0 else None,
                              "logprobs_after": torch.cat(tr.response_logprobs(seqs, plens))}
+        if (tp, cp, pp) == RESUMED:
+            out["resume"] = _resume_twice(tr, TrainBatch(seqs, plens, old, _advantages(seqs, plens)))
     return out
+
+
+def _resume_twice(tr, batch) -> list:
+    """Save this rank's state, then twice: load it and take a step. Both must give the same weights."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/ckpt"  # this rank's file: ckpt.tp<r>.cp<c>.pp<s>
+        tr.save(path)
+        runs = []
+        for _ in range(2):
+            tr.load(path)
+            _, stats = tr.train_step(batch)
+            runs.append((weights_checksum(tr.state_dict_hf()), stats))
+        return runs
 
 
 # -- the matrix ---------------------------------------------------------------------------------------
@@ -156,9 +175,12 @@ def matrix() -> dict:
     r = rollouts[(1, "strict")]
     train_job = {"sequences": r["sequences"], "prompt_lens": r["prompt_lens"], "old": r["raw"]}
     out = {"rollouts": rollouts, "cell_set": cell_set, "train_job": train_job}
-    for world, ranks in ((4, four), *((w, run_ranks(w, _layout_rank, sets, train_job, preload=PRELOAD)) for w in (1, 2, 8))):
+    for world in (4, 1, 2, 8):
+        ranks = four if world == 4 else run_ranks(world, _layout_rank, sets, train_job, preload=PRELOAD)
         for layout in LAYOUTS[world]:
             out[layout] = [got[layout] for got in ranks]
+        if world == 2:
+            out["resume"] = [got["resume"] for got in ranks]
     return out
 
 
@@ -236,3 +258,11 @@ def test_every_layout_trains_and_syncs(matrix):
         for rank, got in enumerate(ranks):
             assert_bitwise_equal(got["logprobs_after"], decoded,
                                  f"{layout} rank {rank}: recompute after the step vs engine decode")
+
+
+def test_context_parallel_checkpoint_resumes_bit_for_bit(matrix):
+    """TP 1 x CP 2: each rank saves its own file; restored twice, the same step gives the same weights
+    and statistics on every rank."""
+    for rank, ((sum_a, stats_a), (sum_b, stats_b)) in enumerate(matrix["resume"]):
+        assert stats_a == stats_b and sum_a == sum_b, f"CP rank {rank}: a resumed step differs"
+        assert sum_a == matrix["resume"][0][0][0], f"CP rank {rank} holds other weights than rank 0"
