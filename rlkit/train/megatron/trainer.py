@@ -27,10 +27,12 @@ Parallelism: world = TP x CP x PP ranks (data parallelism is not wired: one mode
   from rlkit.kernels.attention.
 - Sequence parallelism: left off (StrictRowParallelLinear refuses it). With a tree-ordered
   reduce-scatter (each rank's rows of the canonical all-reduce) it would change no bit; what it buys is
-  memory, each TP rank keeping 1/TP of the norm and residual activations. Megatron's SP needs the packed
-  token count to divide by TP (pad tokens that attention and the loss must then skip) and its
-  gather/scatter sit inside the layers rlkit replaces, while CP already shards those activations along
-  the sequence for long contexts; so that padding path is not built yet.
+  memory, each TP rank keeping 1/TP of the norm and residual activations. Building it means: padding
+  each pack to a multiple of TP tokens (a dummy sequence of pad tokens, which attention keeps to itself),
+  the strict layers doing Megatron's SP communication themselves (all-gather of the column-parallel
+  input, tree-ordered reduce-scatter of the row-parallel output, the same in reverse for the
+  gradients) and summing every norm weight's gradient over TP. CP already shards those activations
+  along the sequence, so it was not built with CP; it is the next layout piece, not a numerics one.
 
 Distributed set-up: call `torch.distributed.init_process_group` first (gloo on CPU, NCCL on GPUs; the
 strict collectives are all_gather based and run on either); with TP = CP = PP = 1 and no process group, the
