@@ -76,7 +76,8 @@ def make_trainer(cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsCont
         from rlkit.train.megatron import MegatronTrainConfig, MegatronTrainer
 
         return MegatronTrainer(model.config, model.state_dict(), contract,
-                               MegatronTrainConfig.from_optim(cfg.optim, cfg.trainer_tp, cfg.trainer_pp, cfg.trainer_cp),
+                               MegatronTrainConfig.from_optim(cfg.optim, cfg.trainer_tp, cfg.trainer_pp,
+                                                              cfg.trainer_cp),
                                device=cfg.device)
     from rlkit.train.trainer import EmbeddedTrainer
 

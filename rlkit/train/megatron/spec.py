@@ -12,7 +12,7 @@ decides every bit of the forward:
 | final_layernorm, q_layernorm, k_layernorm | StrictRMSNorm             | ops.rms_norm (per head for q/k)        |
 | linear_qkv, linear_fc1 (column-par.)   | StrictColumnParallelLinear   | ops.linear on the local output shard   |
 | linear_proj, linear_fc2 (row-parallel) | StrictRowParallelLinear      | ops.linear(..., tp_group, tp_size)     |
-| core_attention                         | StrictCoreAttention          | ops.rope on q, k; ops.attention, prefill layout over the packed sequences (CP: over the all-gathered K/V, context_parallel.py) |
+| core_attention                         | StrictCoreAttention          | ops.rope on q, k; ops.attention, prefill layout over the packed sequences (CP: the all-gathered K/V) |
 | mlp activation                         | StrictSwiGLU                 | ops.swiglu(gate, up) on fc1's halves   |
 | embedding.word_embeddings              | StrictVocabParallelEmbedding | a lookup; TP shards are selected, never summed |
 | output_layer                           | StrictOutputLayer            | ops.logits on the local vocab shard (fp32) |
