@@ -102,7 +102,8 @@ RUN_SETTINGS = (
     ("path", "path", "strict"),
     ("ops", "ops", ""), ("runner", "runner", "local"), ("trainer", "trainer", "embedded"),
     ("engines", "engines", 1), ("rollout_tp", "rollout_tp", 1), ("trainer_tp", "trainer_tp", 1),
-    ("trainer_pp", "trainer_pp", 1), ("seed", "seed", 0), ("prompts", "prompts_per_step", None),
+    ("trainer_pp", "trainer_pp", 1), ("trainer_cp", "trainer_cp", 1), ("seed", "seed", 0),
+    ("prompts", "prompts_per_step", None),
     ("samples", "samples_per_prompt", None), ("max_tokens", "max_tokens", None),
     ("temperature", "temperature", None), ("dtype", "dtype", None), ("device", "device", None),
     ("warm_start", "warm_start_steps", None), ("threads", "threads", None),
@@ -143,6 +144,8 @@ def _add_run(sub) -> None:
     p.add_argument("--trainer-tp", type=bounded_positive_int,
                    help="Megatron trainer's tensor-parallel ranks (needs --trainer megatron --runner ray)")
     p.add_argument("--trainer-pp", type=bounded_positive_int, help="Megatron trainer's pipeline stages (as above)")
+    p.add_argument("--trainer-cp", type=bounded_positive_int,
+                   help="Megatron trainer's context-parallel ranks: each packed batch split over them (as above)")
     p.add_argument("--seed", type=bounded_nonneg_int, help="default 0")
     p.add_argument("--prompts", type=bounded_positive_int, help="prompts per step")
     p.add_argument("--samples", type=bounded_positive_int, help="samples per prompt")

@@ -69,7 +69,7 @@ class RunConfig:
     """local | ray"""
     trainer: str = "embedded"
     """embedded (rlkit's Qwen3 + AdamW) | megatron (Megatron-core GPTModel with rlkit's strict spec, at
-    `trainer_tp` x `trainer_pp`)"""
+    `trainer_tp` x `trainer_cp` x `trainer_pp`)"""
     engines: int = 1
     rollout_tp: int = 1
     """Tensor-parallel ranks of each rollout engine (runner "ray": one actor per rank, in their own
@@ -79,6 +79,9 @@ class RunConfig:
     per rank)."""
     trainer_pp: int = 1
     """Megatron trainer's pipeline-parallel size (as trainer_tp)."""
+    trainer_cp: int = 1
+    """Megatron trainer's context-parallel size: each packed batch split over this many ranks (as
+    trainer_tp; any sequence lengths: rlkit/train/megatron/context_parallel.py)."""
     checkpoint_every: int = 1
     """Save the trainer's state every this many steps, at the last step, and at the step a stop request
     ends the run on (0: never; a run without checkpoints cannot resume). A resumed run redoes the steps
@@ -110,11 +113,11 @@ class RunConfig:
             problems.append(f"dtype={self.dtype!r} (bfloat16 | float32 | auto)")
         if self.rollout_tp > 1 and self.runner != "ray":
             problems.append(f"rollout_tp={self.rollout_tp} needs runner='ray' (one process per rank)")
-        if self.trainer_tp * self.trainer_pp > 1 and (self.trainer != "megatron" or self.runner != "ray"):
-            problems.append(f"trainer_tp={self.trainer_tp} x trainer_pp={self.trainer_pp} needs trainer='megatron' "
-                            f"and runner='ray' (one process per rank)")
+        if self.trainer_ranks > 1 and (self.trainer != "megatron" or self.runner != "ray"):
+            problems.append(f"trainer_tp={self.trainer_tp} x trainer_cp={self.trainer_cp} x trainer_pp="
+                            f"{self.trainer_pp} needs trainer='megatron' and runner='ray' (one process per rank)")
         for name in ("steps", "prompts_per_step", "samples_per_prompt", "engines", "rollout_tp", "trainer_tp",
-                     "trainer_pp"):
+                     "trainer_pp", "trainer_cp"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         for name in ("max_tokens", "staleness", "warm_start_steps", "locate_every", "threads", "seed",
@@ -124,6 +127,11 @@ class RunConfig:
         if problems:
             raise ValueError("invalid run config: " + "; ".join(problems))
         self.sampling()  # validates temperature / top_k / top_p
+
+    @property
+    def trainer_ranks(self) -> int:
+        """Processes of the trainer: TP x CP x PP (the RayRunner places one actor per rank)."""
+        return self.trainer_tp * self.trainer_cp * self.trainer_pp
 
     def sampling(self, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> SamplingParams:
         """Every rollout request's sampling; `max_tokens` 0 takes `default_max_tokens` (the task's)."""

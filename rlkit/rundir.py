@@ -73,7 +73,8 @@ def _remove(path: Path) -> None:
 
 def preflight(cfg: RunConfig) -> None:
     """Refuse, in one line (ValueError) and before anything is created, values the run cannot use: a device
-    this machine does not have, a non-finite temperature, more new tokens than a sequence may hold."""
+    this machine does not have, a non-finite temperature, more new tokens than a sequence may hold, a
+    Megatron trainer layout the model's shape does not split into."""
     try:
         device = torch.device(cfg.device)
     except (RuntimeError, ValueError) as e:
@@ -88,6 +89,14 @@ def preflight(cfg: RunConfig) -> None:
         raise ValueError(f"device {cfg.device!r}: rlkit runs on cpu or cuda[:N]")
     if not math.isfinite(cfg.temperature) or cfg.temperature <= 0:
         raise ValueError(f"temperature {cfg.temperature!r}: expected a finite number > 0 (top_k=1 for greedy)")
+    if cfg.trainer == "megatron" and cfg.trainer_ranks > 1:
+        from rlkit.train.megatron.convert import check_layout
+
+        try:
+            check_layout(preset(cfg.model), cfg.trainer_tp, cfg.trainer_pp)
+        except ValueError as e:
+            raise ValueError(f"trainer layout TP {cfg.trainer_tp} x CP {cfg.trainer_cp} x PP {cfg.trainer_pp} "
+                             f"for {cfg.model}: {e}") from None
     room = min(cfg.engine.max_model_len, preset(cfg.model).max_position_embeddings) - 1
     if cfg.max_tokens > room:
         raise ValueError(f"max_tokens {cfg.max_tokens}: a sequence holds at most {room + 1} tokens here "

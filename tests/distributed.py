@@ -2,10 +2,13 @@
 
 Each rank gets (rank, world, *args); its return value (tensors allowed) is saved to a temp file and
 handed back to the test in rank order. Rank failures re-raise in the test with the rank's traceback.
+With `preload`, the ranks are forked from a fork server that imported those modules once (Megatron's
+import alone is ~6 s of CPU a process: a test that starts many ranks on 2 cores pays it once).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import tempfile
 import traceback
@@ -31,11 +34,17 @@ def _entry(rank, world, port, fn, args, out_dir):
             dist.destroy_process_group()
 
 
-def run_ranks(world: int, fn, *args):
-    """fn must be a module-level function (it is pickled into spawned processes)."""
+def run_ranks(world: int, fn, *args, preload: tuple[str, ...] = ()):
+    """fn must be a module-level function (it is pickled into spawned processes). `preload`: modules the
+    fork server imports before forking the ranks (the server is the process's one, started by the first
+    caller; its preload list is what that first caller named)."""
+    method = "spawn"
+    if preload:
+        multiprocessing.set_forkserver_preload(list(preload))
+        method = "forkserver"
     with tempfile.TemporaryDirectory() as out_dir:
         mp.start_processes(_entry, args=(world, free_port(), fn, args, out_dir), nprocs=world,
-                           join=True, start_method="spawn")
+                           join=True, start_method=method)
         results = []
         for rank in range(world):
             got = torch.load(os.path.join(out_dir, f"rank{rank}.pt"), weights_only=False)

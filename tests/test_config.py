@@ -30,7 +30,8 @@ CONFIGS = {
                                    optim=OptimConfig(lr=3e-5, betas=(0.8, 0.95), kl_coef=0.01),
                                    engine=EngineConfig(page_size=8, num_pages=64, cuda_graphs=False),
                                    runner="ray", trainer="megatron", engines=2, rollout_tp=2, trainer_tp=2,
-                                   trainer_pp=1, checkpoint_every=0, locate_every=0, locate_records=2, threads=2),
+                                   trainer_pp=1, trainer_cp=2, checkpoint_every=0, locate_every=0, locate_records=2,
+                                   threads=2),
 }
 
 
@@ -85,6 +86,9 @@ def test_contract_applies_path_then_ops():
     ({"runner": "slurm"}, "runner='slurm'"),
     ({"rollout_tp": 2}, "rollout_tp=2 needs runner='ray'"),
     ({"trainer_tp": 2, "runner": "ray"}, "needs trainer='megatron'"),
+    ({"trainer_cp": 2, "trainer": "megatron"}, "trainer_tp=1 x trainer_cp=2 x trainer_pp=1 needs trainer='megatron' "
+                                               "and runner='ray'"),
+    ({"trainer_cp": 0}, "trainer_cp must be >= 1"),
     ({"steps": 0}, "steps must be >= 1"),
     ({"seed": -1}, "seed must be >= 0"),
 ])

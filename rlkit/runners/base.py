@@ -70,13 +70,14 @@ def seeded_model(cfg: RunConfig) -> Qwen3ForCausalLM:
 
 def make_trainer(cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract):
     """The run's trainer: rlkit's embedded trainer, or Megatron-core's GPTModel with rlkit's spec at
-    (cfg.trainer_tp, cfg.trainer_pp); above 1 x 1 the caller is one of the ranks, with torch.distributed
-    initialized (the RayRunner's trainer actors)."""
+    (cfg.trainer_tp, cfg.trainer_cp, cfg.trainer_pp); above one rank the caller is one of the ranks, with
+    torch.distributed initialized (the RayRunner's trainer actors)."""
     if cfg.trainer == "megatron":
         from rlkit.train.megatron import MegatronTrainConfig, MegatronTrainer
 
         return MegatronTrainer(model.config, model.state_dict(), contract,
-                               MegatronTrainConfig.from_optim(cfg.optim, cfg.trainer_tp, cfg.trainer_pp),
+                               MegatronTrainConfig.from_optim(cfg.optim, cfg.trainer_tp, cfg.trainer_pp,
+                                                              cfg.trainer_cp),
                                device=cfg.device)
     from rlkit.train.trainer import EmbeddedTrainer
 

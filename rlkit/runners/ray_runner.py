@@ -13,8 +13,9 @@ joined in their own process group (gloo on the CPU, NCCL on GPUs) and holding th
 records come from rank 0, and the runner checks that every rank sampled the same tokens. A weight sync's
 acknowledged checksum is that of the whole model rebuilt from the ranks' loaded shards, so it compares
 with the trainer's. A rank that dies fails the step with a clear error: a TP engine is not restarted. A Megatron trainer
-at TP x PP > 1 (`trainer_tp`, `trainer_pp`) is likewise one actor per rank in its own group; every call
-goes to all of them and rank 0 answers.
+at TP x CP x PP > 1 (`trainer_tp`, `trainer_cp`, `trainer_pp`) is likewise one actor per rank in its own
+group (Megatron orders the ranks TP first, then CP, then PP); every call goes to all of them and rank 0
+answers.
 
 With the same seed and `threads`, records are bitwise identical to the LocalRunner's (tests/runners).
 """
@@ -53,8 +54,8 @@ class _TrainerActor:
 
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        if cfg.trainer_tp * cfg.trainer_pp > 1:
-            join_group(cfg.device, rank, cfg.trainer_tp * cfg.trainer_pp, port)
+        if cfg.trainer_ranks > 1:
+            join_group(cfg.device, rank, cfg.trainer_ranks, port)
         self.trainer = make_trainer(cfg, model, contract)
 
     def train_step(self, batch: TrainBatch):
@@ -140,7 +141,7 @@ class RayRunner:
         # Kept referenced for the runner's lifetime: Ray restarts a dead actor from its constructor
         # arguments, which must still be in the object store then.
         self._model_ref = model_ref = ray.put(model)
-        ranks = cfg.trainer_tp * cfg.trainer_pp
+        ranks = cfg.trainer_ranks
         port = free_port() if ranks > 1 else 0
         self.trainers = [trainer_cls.remote(cfg, model_ref, contract, r, port) for r in range(ranks)]
         self.trainer = self.trainers[0]

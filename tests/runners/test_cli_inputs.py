@@ -46,6 +46,7 @@ def refused_by_parser(capsys, argv: list[str], needle: str) -> None:
     (["--temperature", "nan"], "expected a finite number"),
     (["--temperature", "0"], "expected a number > 0"),
     (["--steps", "-1"], "expected an integer >= 1"),
+    (["--trainer-cp", "0"], "expected an integer >= 1"),
 ])
 def test_the_parser_refuses_unbounded_values(tmp_path, capsys, flags, needle):
     refused_by_parser(capsys, ["run", "--run-dir", str(tmp_path / "r"), *SMALL, *flags], needle)
@@ -57,6 +58,10 @@ def test_the_parser_refuses_unbounded_values(tmp_path, capsys, flags, needle):
     (["--device", "bogus"], "device 'bogus' is not a device name"),
     (["--device", "cuda:99"], "device 'cuda:99'"),
     (["--device", "meta"], "rlkit runs on cpu or cuda"),
+    (["--trainer", "megatron", "--runner", "ray", "--trainer-tp", "3", "--trainer-cp", "2"],
+     "trainer layout TP 3 x CP 2 x PP 1 for tiny: TP 3 does not divide num_key_value_heads=2"),
+    (["--trainer", "megatron", "--runner", "ray", "--trainer-pp", "4"],
+     "trainer layout TP 1 x CP 1 x PP 4 for tiny: PP 4 does not divide num_hidden_layers=2"),
 ])
 def test_values_the_run_cannot_use_are_refused_before_anything_is_created(tmp_path, capsys, flags, needle):
     """Issue 21 case 6: --device bogus left a run.sqlite behind (the same --run-dir was then 'not empty'),

@@ -4,7 +4,9 @@
                embedding lookup, fp32 output layer) and `build_gpt_model`;
 - convert.py   rlkit/HF <-> Megatron weight layouts (fused QKV by KV group, fused gate/up), TP shards,
                PP stage slices; bit-exact both ways;
-- trainer.py   `MegatronTrainer`: response_logprobs / state_dict_hf / train_step, TP x PP ranks;
+- trainer.py   `MegatronTrainer`: response_logprobs / state_dict_hf / train_step, TP x CP x PP ranks;
+- context_parallel.py  the CP split of a pack, the K/V and logprob gathers (Megatron's own CP is
+               Transformer Engine's);
 - cpu_shim.py  the one scoped place that lets Megatron run without a GPU;
 - stock.py     Megatron's own local layer spec on the same weights: the out-of-the-box negative control.
 

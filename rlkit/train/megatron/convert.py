@@ -124,6 +124,14 @@ def check_tp(cfg: Qwen3Config, tp: int) -> None:
             raise ValueError(f"TP {tp} does not divide {what}={n}")
 
 
+def check_layout(cfg: Qwen3Config, tp: int, pp: int) -> None:
+    """ValueError (one line) when `cfg` cannot be laid out at TP x PP. Context parallelism has no
+    condition: its split takes any sequence lengths (context_parallel.py)."""
+    check_tp(cfg, tp)
+    if cfg.num_hidden_layers % pp:
+        raise ValueError(f"PP {pp} does not divide num_hidden_layers={cfg.num_hidden_layers}")
+
+
 def shard_tp(meg: Mapping[str, torch.Tensor], cfg: Qwen3Config, tp: int, rank: int) -> Tensors:
     """One TP rank's shard of a TP-1 Megatron state dict (views; clone to own them)."""
     check_tp(cfg, tp)

@@ -12,7 +12,7 @@ decides every bit of the forward:
 | final_layernorm, q_layernorm, k_layernorm | StrictRMSNorm             | ops.rms_norm (per head for q/k)        |
 | linear_qkv, linear_fc1 (column-par.)   | StrictColumnParallelLinear   | ops.linear on the local output shard   |
 | linear_proj, linear_fc2 (row-parallel) | StrictRowParallelLinear      | ops.linear(..., row_parallel, tp_*)    |
-| core_attention                         | StrictCoreAttention          | ops.rope on q, k; ops.attention, prefill layout over the packed sequences |
+| core_attention                         | StrictCoreAttention          | ops.rope on q, k; ops.attention, prefill layout over the packed sequences (CP: the all-gathered K/V) |
 | mlp activation                         | StrictSwiGLU                 | ops.swiglu(gate, up) on fc1's halves   |
 | embedding.word_embeddings              | StrictVocabParallelEmbedding | a lookup; TP shards are selected, never summed |
 | output_layer                           | StrictOutputLayer            | ops.logits on the local vocab shard (fp32) |
@@ -46,7 +46,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from dataclasses import dataclass
+
 from megatron.core.models.gpt import GPTModel
+from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -64,7 +67,17 @@ from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 
 from rlkit import ops
 from rlkit.model.config import Qwen3Config
+from rlkit.train.megatron.context_parallel import ContextSplit, gather_rows
 from rlkit.types import AttentionLayout
+
+
+@dataclass
+class ContextParallelSeqParams(PackedSeqParams):
+    """Megatron's packed (`thd`) parameters for one CP rank's tokens: cu_seqlens_q / kv are the local
+    runs', `context` says which tokens of the pack they are (positions, the K/V gather), `cp_group` (a
+    PackedSeqParams field) is the CP process group."""
+
+    context: ContextSplit | None = None
 
 
 # -- autograd: strict forward, plain fp32 backward ----------------------------------------------------
@@ -196,9 +209,9 @@ class StrictCoreAttention(MegatronModule):
             raise NotImplementedError("StrictCoreAttention is causal self-attention")
         if softmax_scale is not None and softmax_scale != config.kv_channels ** -0.5:
             raise NotImplementedError("the contract scales scores by head_dim ** -0.5")
-        if config.context_parallel_size > 1:
-            raise NotImplementedError("context parallelism is not wired (see the CP note in "
-                                      "rlkit/train/megatron/trainer.py)")
+        if config.context_parallel_size > 1 and cp_comm_type not in (None, "all_gather"):
+            raise NotImplementedError(f"cp_comm_type={cp_comm_type!r}: the strict path gathers K/V "
+                                      f"(all_gather); a ring would need the attention's split states")
         self.rope_theta = rope_theta
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
@@ -206,6 +219,11 @@ class StrictCoreAttention(MegatronModule):
         if attention_bias is not None:
             raise NotImplementedError("no attention bias in Qwen3")
         packed = packed_seq_params is not None and packed_seq_params.qkv_format == "thd"
+        split = getattr(packed_seq_params, "context", None) if packed else None
+        if split is not None and split.size > 1:
+            return self._context_parallel(query, key, value, split, packed_seq_params.cp_group)
+        if self.config.context_parallel_size > 1:
+            raise NotImplementedError("CP > 1 needs packed input with ContextParallelSeqParams")
         if packed:
             cu = packed_seq_params.cu_seqlens_q.to(device=query.device, dtype=torch.int64)
             q, k, v = query, key, value                                   # [T, heads, D]
@@ -222,6 +240,18 @@ class StrictCoreAttention(MegatronModule):
         if packed:
             return out.reshape(out.shape[0], -1)
         return out.reshape(b, s, -1).transpose(0, 1)                      # [S, B, heads * D]
+
+    def _context_parallel(self, q, k, v, split: ContextSplit, group):
+        """This CP rank's queries (its runs of the pack, at their absolute positions) against the keys
+        0..p of their sequences, gathered in pack order from every CP rank (K and V in one gather)."""
+        positions = split.positions().to(q.device)
+        q = ops.rope(q, positions, self.rope_theta)
+        k = ops.rope(k, positions, self.rope_theta)
+        kv = gather_rows(torch.cat([k, v], dim=-1), split, group, replicated_consumer=False)
+        k_full, v_full = kv.split(k.shape[-1], dim=-1)                 # [pack tokens, kv heads, D] each
+        keys, values, layout = split.attention_inputs(k_full, v_full)
+        out = ops.attention(q, keys, values, layout)                   # [local tokens, heads, D]
+        return out.reshape(out.shape[0], -1)
 
 
 class StrictSwiGLU(torch.nn.Module):
@@ -298,9 +328,10 @@ def qwen3_block_spec(cfg: Qwen3Config, num_layers_here: int) -> TransformerBlock
                                       layer_norm=StrictRMSNorm)
 
 
-def transformer_config(cfg: Qwen3Config, tp: int = 1, pp: int = 1) -> TransformerConfig:
+def transformer_config(cfg: Qwen3Config, tp: int = 1, pp: int = 1, cp: int = 1) -> TransformerConfig:
     """Megatron's TransformerConfig for a Qwen3 config. Dropout is 0, nothing is fused by Megatron
-    (every op is rlkit's), and weights are allocated on the CPU uninitialized (they are loaded)."""
+    (every op is rlkit's), and weights are allocated on the CPU uninitialized (they are loaded). CP is
+    Megatron's all-gather scheme, run by StrictCoreAttention (context_parallel.py)."""
     return TransformerConfig(
         num_layers=cfg.num_hidden_layers,
         hidden_size=cfg.hidden_size,
@@ -331,6 +362,8 @@ def transformer_config(cfg: Qwen3Config, tp: int = 1, pp: int = 1) -> Transforme
         bf16=cfg.torch_dtype == torch.bfloat16,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
+        cp_comm_type="all_gather" if cp > 1 else None,
         sequence_parallel=False,
         use_cpu_initialization=True,
         perform_initialization=False,
@@ -364,11 +397,11 @@ class RlkitGPTModel(GPTModel):
 
 
 def build_gpt_model(cfg: Qwen3Config, tp: int = 1, pp: int = 1, pre_process: bool = True,
-                    post_process: bool = True) -> RlkitGPTModel:
+                    post_process: bool = True, cp: int = 1) -> RlkitGPTModel:
     """This rank's Megatron GPTModel for `cfg` (model-parallel state must be initialized)."""
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
 
-    config = transformer_config(cfg, tp, pp)
+    config = transformer_config(cfg, tp, pp, cp)
     layers_here = get_num_layers_to_build(config)
     return RlkitGPTModel(
         config=config,

@@ -10,24 +10,32 @@ What it offers (the same trainer-side calls the embedded trainer answers):
   its DDP grad buffers and CUDA; the update numerics are outside the logprob contract, what matters is
   that every replica of a parameter receives the same bits, see `_sync_grads`).
 
-Parallelism: world = TP x PP ranks (data parallelism is not wired: one model replica).
+Parallelism: world = TP x CP x PP ranks (data parallelism is not wired: one model replica).
 - TP: Megatron's sharding, rlkit's strict layers (spec.py); the logits' vocab shards are gathered to full
   fp32 rows before the strict log-softmax, so TP changes no bit (tested at TP 1 and TP 2).
 - PP: stages built by Megatron (pre_process / post_process, layer offsets); activations move between
   stages with point-to-point send/recv, one pack at a time, forward for all packs then backward
   (GPipe order, no 1F1B interleaving). A tied embedding's last-stage copy gets its gradient summed
   with the first stage's by the canonical all-reduce.
-- CP: not wired. The attention contract allows it without a new kernel API: a query's result depends
-  only on its q, the keys at positions 0..p and the fixed split/block schedule, so a CP rank that
-  all-gathers K/V (Megatron's cp_comm_type="all_gather" scheme) and runs ops.attention for its own
-  query chunks (AttentionLayout with query_start = the chunk's first position) gets the CP-1 bits. What
-  is missing is the rest of CP in this trainer: the load-balanced token split of packed sequences
-  (Megatron does it with Transformer Engine, absent here), global positions for RoPE, and the CP
-  gradient reduction. Ring (p2p) CP would exchange split states instead and would need a
-  (max, sum, acc) split-state API from rlkit.kernels.attention. StrictCoreAttention refuses CP > 1.
+- CP (context_parallel.py): each pack is split over the CP ranks (2 x CP chunks a sequence, rank r
+  holding chunks r and 2CP-1-r), at global positions; attention all-gathers K/V (Megatron's
+  cp_comm_type="all_gather" scheme, run by rlkit because Megatron's own CP is Transformer Engine's) and
+  each rank runs ops.attention for its own chunks against keys 0..p, which under the contract gives the
+  CP-1 bits for every query; response logprobs are gathered in token order, so every CP rank computes
+  the same loss; every parameter's gradient is summed over the CP group by the canonical all-reduce.
+  Ring (p2p) CP would exchange split states instead and would need a (max, sum, acc) split-state API
+  from rlkit.kernels.attention.
+- Sequence parallelism: left off (StrictRowParallelLinear refuses it). With a tree-ordered
+  reduce-scatter (each rank's rows of the canonical all-reduce) it would change no bit; what it buys is
+  memory, each TP rank keeping 1/TP of the norm and residual activations. Building it means: padding
+  each pack to a multiple of TP tokens (a dummy sequence of pad tokens, which attention keeps to itself),
+  the strict layers doing Megatron's SP communication themselves (all-gather of the column-parallel
+  input, tree-ordered reduce-scatter of the row-parallel output, the same in reverse for the
+  gradients) and summing every norm weight's gradient over TP. CP already shards those activations
+  along the sequence, so it was not built with CP; it is the next layout piece, not a numerics one.
 
 Distributed set-up: call `torch.distributed.init_process_group` first (gloo on CPU, NCCL on GPUs; the
-strict collectives are all_gather based and run on either); with TP = PP = 1 and no process group, the
+strict collectives are all_gather based and run on either); with TP = CP = PP = 1 and no process group, the
 trainer starts a one-process gloo group itself.
 
     trainer = MegatronTrainer(cfg, hf_state_dict, contract, MegatronTrainConfig(tp=2))
@@ -58,7 +66,8 @@ from rlkit.model.config import Qwen3Config
 from rlkit.train.grpo import policy_loss
 import rlkit.train.megatron.convert as convert
 from rlkit.train.megatron.cpu_shim import megatron_cpu_shim
-from rlkit.train.megatron.spec import build_gpt_model
+from rlkit.train.megatron.context_parallel import ContextSplit, gather_rows, response_rows
+from rlkit.train.megatron.spec import ContextParallelSeqParams, build_gpt_model
 from rlkit.train.recompute import check_batch, pack_order
 from rlkit.train.trainer import OptimConfig, TrainBatch  # noqa: F401 - TrainBatch re-exported
 from rlkit.types import SamplingParams
@@ -74,38 +83,48 @@ class MegatronTrainConfig:
     contract's gemm.k_chunks)."""
     pp: int = 1
     """Pipeline-parallel size (divides num_hidden_layers)."""
+    cp: int = 1
+    """Context-parallel size: each packed batch is split over this many ranks (any sequence lengths)."""
     optim: OptimConfig = OptimConfig(lr=1e-6)
     """The optimizer and loss settings, shared with the embedded trainer (no KL term here)."""
 
     def __post_init__(self) -> None:
         if self.optim.kl_coef:
             raise NotImplementedError("MegatronTrainer has no reference model: kl_coef must be 0")
+        if min(self.tp, self.pp, self.cp) < 1:
+            raise ValueError(f"TP {self.tp}, PP {self.pp}, CP {self.cp}: each must be >= 1")
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.cp * self.pp
 
     @classmethod
-    def from_optim(cls, optim: OptimConfig, tp: int = 1, pp: int = 1) -> "MegatronTrainConfig":
+    def from_optim(cls, optim: OptimConfig, tp: int = 1, pp: int = 1, cp: int = 1) -> "MegatronTrainConfig":
         """`--trainer megatron` runs with the run's optimizer settings."""
-        return cls(tp=tp, pp=pp, optim=optim)
+        return cls(tp=tp, pp=pp, cp=cp, optim=optim)
 
 
-def initialize_parallel(tp: int, pp: int) -> None:
-    """Megatron's model-parallel groups over the existing process group (world must be tp * pp)."""
+def initialize_parallel(tp: int, pp: int, cp: int = 1) -> None:
+    """Megatron's model-parallel groups over the existing process group (world must be tp * cp * pp;
+    Megatron's rank order tp-cp-dp-pp: TP ranks adjacent, then CP, then pipeline stages)."""
     if not dist.is_initialized():
-        if tp * pp != 1:
-            raise RuntimeError(f"TP {tp} x PP {pp} needs torch.distributed initialized by the launcher")
+        if tp * pp * cp != 1:
+            raise RuntimeError(f"TP {tp} x CP {cp} x PP {pp} needs torch.distributed initialized by the launcher")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
         dist.init_process_group("gloo", rank=0, world_size=1)
     world = dist.get_world_size()
-    if world != tp * pp:
-        raise ValueError(f"world size {world} != TP {tp} x PP {pp}: data parallelism is not wired")
+    if world != tp * cp * pp:
+        raise ValueError(f"world size {world} != TP {tp} x CP {cp} x PP {pp}: data parallelism is not wired")
     if parallel_state.model_parallel_is_initialized():
         have = (parallel_state.get_tensor_model_parallel_world_size(),
-                parallel_state.get_pipeline_model_parallel_world_size())
-        if have != (tp, pp):
-            raise ValueError(f"Megatron is already initialized with (TP, PP) = {have}")
+                parallel_state.get_pipeline_model_parallel_world_size(),
+                parallel_state.get_context_parallel_world_size())
+        if have != (tp, pp, cp):
+            raise ValueError(f"Megatron is already initialized with (TP, PP, CP) = {have}")
         return
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp,
-                                             pipeline_model_parallel_size=pp)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             context_parallel_size=cp)
 
 
 class _GatherVocab(torch.autograd.Function):
@@ -140,20 +159,20 @@ class MegatronTrainer:
         self.contract = contract or NumericsContract.default()
         self.config = config or MegatronTrainConfig()
         self.device = torch.device(device)
-        tp, pp = self.config.tp, self.config.pp
-        convert.check_tp(cfg, tp)
-        if cfg.num_hidden_layers % pp:
-            raise ValueError(f"PP {pp} does not divide num_hidden_layers={cfg.num_hidden_layers}")
-        initialize_parallel(tp, pp)
+        tp, pp, cp = self.config.tp, self.config.pp, self.config.cp
+        convert.check_layout(cfg, tp, pp)
+        initialize_parallel(tp, pp, cp)
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.pp_group = parallel_state.get_pipeline_model_parallel_group()
+        self.cp_group = parallel_state.get_context_parallel_group() if cp > 1 else None
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        self.cp_rank = parallel_state.get_context_parallel_rank()
         self.pre, self.post = self.pp_rank == 0, self.pp_rank == pp - 1
         self.layers_per_stage = cfg.num_hidden_layers // pp
         self.first_layer = self.pp_rank * self.layers_per_stage
         with megatron_cpu_shim():
-            self.model = build_gpt_model(cfg, tp, pp, self.pre, self.post).to(self.device)
+            self.model = build_gpt_model(cfg, tp, pp, self.pre, self.post, cp).to(self.device)
         self.version = 0
         self._master: list[torch.Tensor] | None = None
         self._optimizer: torch.optim.Optimizer | None = None
@@ -214,17 +233,32 @@ class MegatronTrainer:
         return weights_checksum(self.state_dict_hf())
 
     # -- forward --------------------------------------------------------------------------------------
+    def _split(self, lens: list[int]) -> ContextSplit | None:
+        """This CP rank's share of a pack (None at CP 1: the rank holds the whole pack)."""
+        return ContextSplit(tuple(lens), self.config.cp, self.cp_rank) if self.config.cp > 1 else None
+
     def _forward_pack(self, seqs: list[torch.Tensor]):
-        """One packed forward. Returns (full-vocab fp32 logits [T, V] on the last stage else None,
-        (stage output, received input) for the pipeline backward)."""
+        """One packed forward. Returns (full-vocab fp32 logits on the last stage else None, (stage output,
+        received input) for the pipeline backward). The logits are [T, V] for the whole pack at CP 1, and
+        the rows of this rank's tokens (ContextSplit.owned order) at CP > 1."""
         lens = [int(s.numel()) for s in seqs]
-        total = sum(lens)
-        ids = torch.cat(seqs)[None]                                                     # [1, T]
-        pos = torch.cat([torch.arange(n, device=self.device) for n in lens])[None]      # [1, T]
-        cu = torch.zeros(len(lens) + 1, dtype=torch.int32, device=self.device)
-        cu[1:] = torch.cumsum(torch.tensor(lens, device=self.device), 0)
-        psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
-                              max_seqlen_q=max(lens), max_seqlen_kv=max(lens))
+        split = self._split(lens)
+        if split is None:
+            ids = torch.cat(seqs)[None]                                                 # [1, T]
+            pos = torch.cat([torch.arange(n, device=self.device) for n in lens])[None]  # [1, T]
+            cu = torch.zeros(len(lens) + 1, dtype=torch.int32, device=self.device)
+            cu[1:] = torch.cumsum(torch.tensor(lens, device=self.device), 0)
+            psp = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                  max_seqlen_q=max(lens), max_seqlen_kv=max(lens))
+        else:  # this rank's runs of the pack, at their absolute positions
+            ids = torch.cat(seqs)[split.owned().to(self.device)][None]                  # [1, T_local]
+            pos = split.positions().to(self.device)[None]
+            cu = split.local_cu_seqlens().to(device=self.device, dtype=torch.int32)
+            runs = (cu[1:] - cu[:-1]).tolist()
+            psp = ContextParallelSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                           max_seqlen_q=max(runs), max_seqlen_kv=max(runs),
+                                           cp_group=self.cp_group, context=split)
+        total = ids.shape[1]
         received = None
         if not self.pre:
             received = torch.empty(total, 1, self.cfg.hidden_size, dtype=self.cfg.torch_dtype,
@@ -253,6 +287,10 @@ class MegatronTrainer:
                 keep.append(tensors)
             if logits is None:
                 continue
+            split = self._split([len(s) for s in seqs])
+            if split is not None:
+                self._context_parallel_logprobs(logits, split, pack, seqs, prompt_lens, params, out)
+                continue
             offset = 0
             for j, i in enumerate(pack):
                 n, p = len(seqs[j]), prompt_lens[i]
@@ -260,6 +298,20 @@ class MegatronTrainer:
                 out[i] = ops.logprob_from_logits(rows, seqs[j][p:], params[i])
                 offset += n
         return out
+
+    def _context_parallel_logprobs(self, logits, split: ContextSplit, pack, seqs, prompt_lens, params, out):
+        """Logprobs of the response tokens this CP rank's rows predict, gathered over the CP group in
+        token order (every rank then holds, and computes the loss over, all of them)."""
+        plens = [prompt_lens[i] for i in pack]
+        groups, _, total = response_rows(split, plens)
+        local = [ops.logprob_from_logits(logits[rows.to(self.device)],
+                                         seqs[j][targets.to(self.device)], params[pack[j]])
+                 for j, rows, targets in groups]
+        local = torch.cat(local) if local else logits[:0, 0]  # no rows here: still part of the graph
+        indices = [response_rows(split, plens, r)[1] for r in range(split.size)]
+        flat = gather_rows(local, split, self.cp_group, replicated_consumer=True, indices=indices, total=total)
+        for i, lp in zip(pack, torch.split(flat, [len(s) - p for s, p in zip(seqs, plens)])):
+            out[i] = lp
 
     def _from_last_stage(self, flat: torch.Tensor | None, numel: int) -> torch.Tensor:
         if self.config.pp == 1:
@@ -291,6 +343,11 @@ class MegatronTrainer:
 
     def _sync_grads(self) -> None:
         named = dict(self.model.named_parameters())
+        if self.config.cp > 1:  # each CP rank's gradient covers its own tokens: summed over CP first
+            for p in named.values():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                _canonical_sum_(p.grad, self.cp_group)
         if self.config.tp > 1:
             for name, p in named.items():
                 if name.endswith(_TP_PARTIAL_GRAD) and p.grad is not None:
@@ -390,13 +447,14 @@ class MegatronTrainer:
 
     # -- checkpoints: each rank saves its own shard; a resumed run continues bit for bit -----------------
     def _rank_path(self, path) -> str:
-        if self.config.tp == self.config.pp == 1:
+        if self.config.world == 1:
             return str(path)
-        return f"{path}.tp{self.tp_rank}.pp{self.pp_rank}"
+        cp = f".cp{self.cp_rank}" if self.config.cp > 1 else ""
+        return f"{path}.tp{self.tp_rank}{cp}.pp{self.pp_rank}"
 
     def save(self, path) -> None:
         """Write this rank's parameters, fp32 masters and AdamW state to `path` (one rank) or
-        `<path>.tp<r>.pp<s>` (each rank its own file)."""
+        `<path>.tp<r>[.cp<c>].pp<s>` (each rank its own file)."""
         self._ensure_optimizer()
         torch.save({"params": {k: v.cpu() for k, v in self.megatron_state().items()},
                     "masters": [m.detach().cpu() for m in self._master],
