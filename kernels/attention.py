@@ -258,6 +258,13 @@ BLOCK_M = 64
 NUM_WARPS = 8
 """Two warpgroups share the 64 x head_dim accumulator (32 fp32 registers a thread per split state), so
 the split-tree stack of a 16k-token prefill (7 states) stays mostly in registers."""
+DECODE_BLOCK_M = 16
+DECODE_WARPS = 4
+"""Decode tiles (one query a sequence: `group` of the 64 rows would be used): 16 rows, 4 warps, so a
+program holds a quarter of the registers and more programs share an SM. Same bits as the 64-row tile
+only if the per-row reductions and MMAs sum in the same order under both register layouts: measured on
+the H200 by tests/gpu/test_kernels_gpu.py::test_attention_prefill_chunked_decode_agree (decode with
+this tile == prefill with BLOCK_M)."""
 MAX_SLOTS = 8
 """Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
 
@@ -511,6 +518,9 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
         mode = ("split" if decode and tiles * kv_heads < 2 * _tr.sm_count(dev) and max_splits > 1
                 else "fused")
     plan["mode"] = mode
+    small = decode and group <= DECODE_BLOCK_M
+    plan["block_m"] = DECODE_BLOCK_M if small else BLOCK_M
+    plan["num_warps"] = DECODE_WARPS if small else NUM_WARPS
     _PLAN_CACHE[layout] = (key, plan)
     return plan
 
@@ -524,9 +534,10 @@ def launch(plan: dict, q, k, v, contract: NumericsContract) -> tuple[torch.Tenso
     if not plan["tiles"]:
         return out, launches
     page, stride_kt, stride_ks, stride_kh, stride_bt = plan["k_strides"]
-    common = dict(GROUP=plan["group"], BM=BLOCK_M, BN=spec.block_size, SPLIT=spec.split_size, D=d,
+    bm, warps = plan["block_m"], plan["num_warps"]
+    common = dict(GROUP=plan["group"], BM=bm, BN=spec.block_size, SPLIT=spec.split_size, D=d,
                   PAGED=plan["paged"], NSLOTS=plan["nslots"], IEEE=q.dtype == torch.float32,
-                  num_warps=NUM_WARPS, **_tr.launch_options(contract))
+                  num_warps=warps, **_tr.launch_options(contract))
     args = (plan["tile_seq"], plan["tile_q0"], plan["cu_q"], plan["qstart"], plan["ctx"], plan["cu_k"], plan["bt"],
             q.stride(0), q.stride(1), stride_kt, stride_ks, stride_kh, stride_bt, page, heads,
             plan["max_splits"], float(d ** -0.5))
@@ -534,15 +545,15 @@ def launch(plan: dict, q, k, v, contract: NumericsContract) -> tuple[torch.Tenso
     if plan["mode"] == "fused":
         dummy = out.new_empty(1, dtype=torch.float32)
         compiled = _attn_kernel[grid](q, k, v, out, dummy, dummy, *args, MODE=0, **common)
-        launches.append(_tr.Launch("fused", dict(grid=grid, BM=BLOCK_M, num_warps=NUM_WARPS), compiled))
+        launches.append(_tr.Launch("fused", dict(grid=grid, BM=bm, num_warps=warps), compiled))
     else:
         wsm = torch.empty(t * heads * plan["max_splits"] * 2, dtype=torch.float32, device=q.device)
         wsa = torch.empty(t * heads * plan["max_splits"] * d, dtype=torch.float32, device=q.device)
         compiled = _attn_kernel[grid + (plan["max_splits"],)](q, k, v, out, wsm, wsa, *args, MODE=1, **common)
-        launches.append(_tr.Launch("split", dict(grid=grid + (plan["max_splits"],), BM=BLOCK_M,
-                                                 num_warps=NUM_WARPS), compiled))
+        launches.append(_tr.Launch("split", dict(grid=grid + (plan["max_splits"],), BM=bm, num_warps=warps),
+                                   compiled))
         compiled = _attn_kernel[grid](q, k, v, out, wsm, wsa, *args, MODE=2, **common)
-        launches.append(_tr.Launch("merge", dict(grid=grid, BM=BLOCK_M, num_warps=NUM_WARPS), compiled))
+        launches.append(_tr.Launch("merge", dict(grid=grid, BM=bm, num_warps=warps), compiled))
     return out, launches
 
 

@@ -281,9 +281,9 @@ def _attention_requests(plan: dict, q_shape, k, contract: NumericsContract, dtyp
     spec = contract.attention
     t, heads, d = q_shape
     page, stride_kt, stride_ks, stride_kh, stride_bt = plan["k_strides"]
-    common = dict(GROUP=plan["group"], BM=attention.BLOCK_M, BN=spec.block_size, SPLIT=spec.split_size, D=d,
+    common = dict(GROUP=plan["group"], BM=plan["block_m"], BN=spec.block_size, SPLIT=spec.split_size, D=d,
                   PAGED=plan["paged"], NSLOTS=plan["nslots"], IEEE=dtype == torch.float32,
-                  num_warps=attention.NUM_WARPS, **_tr.launch_options(contract))
+                  num_warps=plan["num_warps"], **_tr.launch_options(contract))
     i32, f32 = _t(torch.int32), _t(torch.float32)
     tensors = (_t(dtype), _t(dtype), _t(dtype), _t(dtype), f32, f32)
     args = tensors + (i32,) * 7 + (heads * d, d, stride_kt, stride_ks, stride_kh, stride_bt, page, heads,

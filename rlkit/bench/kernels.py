@@ -306,19 +306,28 @@ def bench_rowwise(rec: Recorder, rows: int = 4096) -> None:
 
 
 # -- the embedded engine's decode step ----------------------------------------------------------------
-def bench_engine_step(rec: Recorder, batch: int = 64, ctx: int = 512) -> None:
-    """One decode step of qwen3-0.6b (random bf16 weights) for `batch` sequences at context `ctx`: the
-    forward and the fp32 logits of every row, strict and native, run eagerly and replayed from a CUDA
+ENGINE_STEPS = (("qwen3-0.6b", 512), ("qwen3-0.6b", 2048), ("qwen3-1.7b", 512), ("qwen3-1.7b", 2048))
+"""(model preset, context) of the decode steps timed, each at batch 64."""
+
+
+def bench_engine_steps(rec: Recorder, batch: int = 64, steps=ENGINE_STEPS) -> None:
+    for model, ctx in steps:
+        bench_engine_step(rec, batch, ctx, model)
+        torch.cuda.empty_cache()
+
+
+def bench_engine_step(rec: Recorder, batch: int = 64, ctx: int = 512, model_name: str = "qwen3-0.6b") -> None:
+    """One decode step of a model preset (random bf16 weights) for `batch` sequences at context `ctx`:
+    the forward and the fp32 logits of every row, strict and native, run eagerly and replayed from a CUDA
     graph (rlkit.rollout.decode_graphs, host work included: the step's metadata copy), and its fraction
     of the HBM limit (weights + KV bytes read once / 4.3 TB/s, over the measured time)."""
     from rlkit import NumericsContract
-    from rlkit.model.config import Qwen3Config
+    from rlkit.model.config import preset
     from rlkit.model.qwen3 import Qwen3ForCausalLM
     from rlkit.rollout.decode_graphs import DecodeGraphs
     from rlkit.rollout.kv_cache import PagedKVCache
 
-    cfg = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=True, name="qwen3-0.6b")
+    cfg = preset(model_name)
     with torch.device("cuda"):
         model = Qwen3ForCausalLM(cfg).eval()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -338,7 +347,7 @@ def bench_engine_step(rec: Recorder, batch: int = 64, ctx: int = 512) -> None:
     args = (ids, [ctx] * batch, [t[ctx // page] * page + ctx % page for t in tables], [ctx + 1] * batch, tables)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     kv_bytes = 2.0 * batch * (ctx + 1) * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
-    shape = f"qwen3-0.6b decode step B={batch} ctx={ctx}"
+    shape = f"{model_name} decode step B={batch} ctx={ctx}"
     for mode in ("eager", "graph"):
         steps = DecodeGraphs(model, cache, batch, per * page, capture=mode == "graph")
         for impl, contract in (("strict", NumericsContract.default()), ("native", NumericsContract.native())):
@@ -451,7 +460,7 @@ def run(out_dir: str | Path, quick: bool = False, tune: bool = False, parts=("ge
         "attention": lambda: bench_attention(rec, seqlens=(1024,) if quick else (1024, 4096, 16384)),
         "logprob": lambda: bench_logprob(rec, ms=(1, 1024) if quick else (1, 64, 1024, 4096)),
         "rowwise": lambda: bench_rowwise(rec),
-        "engine": lambda: bench_engine_step(rec),
+        "engine": lambda: bench_engine_steps(rec, steps=ENGINE_STEPS[:1] if quick else ENGINE_STEPS),
     }
     for part in parts:
         t0 = time.time()
