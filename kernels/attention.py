@@ -258,13 +258,6 @@ BLOCK_M = 64
 NUM_WARPS = 8
 """Two warpgroups share the 64 x head_dim accumulator (32 fp32 registers a thread per split state), so
 the split-tree stack of a 16k-token prefill (7 states) stays mostly in registers."""
-DECODE_BLOCK_M = 16
-DECODE_WARPS = 4
-"""Decode tiles (one query a sequence: `group` of the 64 rows would be used): 16 rows, 4 warps, so a
-program holds a quarter of the registers and more programs share an SM. Same bits as the 64-row tile
-only if the per-row reductions and MMAs sum in the same order under both register layouts: measured on
-the H200 by tests/gpu/test_kernels_gpu.py::test_attention_prefill_chunked_decode_agree (decode with
-this tile == prefill with BLOCK_M)."""
 MAX_SLOTS = 8
 """Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
 
@@ -518,9 +511,7 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
         mode = ("split" if decode and tiles * kv_heads < 2 * _tr.sm_count(dev) and max_splits > 1
                 else "fused")
     plan["mode"] = mode
-    small = decode and group <= DECODE_BLOCK_M
-    plan["block_m"] = DECODE_BLOCK_M if small else BLOCK_M
-    plan["num_warps"] = DECODE_WARPS if small else NUM_WARPS
+    plan["block_m"], plan["num_warps"] = BLOCK_M, NUM_WARPS  # every mode: the same tile (see above)
     _PLAN_CACHE[layout] = (key, plan)
     return plan
 
