@@ -27,16 +27,12 @@ import urllib.request
 from pathlib import Path
 
 from rlkit import hardware
+from rlkit.bench.provenance import commit
 from rlkit.timeline.store import RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = REPO / "lab" / "bench" / "cpu-runs.jsonl"
 TABLE = REPO / "lab" / "bench" / "CPU_RUNS.md"
-
-
-def _commit() -> str:
-    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return r.stdout.strip() or "unknown"
 
 
 def _free_port() -> int:
@@ -105,7 +101,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", choices=["run", "lab"], default=None)
     args = p.parse_args(argv)
-    common = {"cpu": hardware.summary(), "torch": hardware.describe()["torch"], "commit": _commit(),
+    common = {"cpu": hardware.summary(), "torch": hardware.describe()["torch"], "commit": commit(REPO),
               "date": datetime.date.today().isoformat()}
     rows = []
     with tempfile.TemporaryDirectory(prefix="rlkit-bench-") as tmp:

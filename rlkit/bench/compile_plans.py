@@ -10,7 +10,7 @@ carries the constexprs and launch options the launcher derives from that plan an
 
 Adding a kernel: a GEMM plan kind is turned into its kernel call by one entry in `GEMM_KINDS` (an
 unknown kind fails the check, naming it); a new `*_kernel` in kernels/ that no request compiles fails
-the check too (`uncovered_kernels`). Launch overrides the benchmarks time (`rlkit.bench.kernels
+the check too (`uncovered_kernels`). Launch overrides the benchmarks time (`rlkit.bench.gemm_candidates
 .TUNE_CONFIGS`) add one request for each GEMM kind that `gemm.plan` itself never picks (so the stash
 kernel is compiled on every target), marked `chosen=False`.
 
@@ -233,7 +233,7 @@ def _gemm(col: _Collector, cfg: Qwen3Config, contract: NumericsContract, dtype: 
 def _gemm_overrides(col: _Collector, cfg: Qwen3Config, contract: NumericsContract, dtype: torch.dtype) -> None:
     """The benchmark overrides (TUNE_CONFIGS) that reach a GEMM kernel variant gemm.plan never chose
     (another kernel, or tiles without the split), at the q_proj shape and 4096 tokens: one each."""
-    from rlkit.bench.kernels import TUNE_CONFIGS
+    from rlkit.bench.gemm_candidates import TUNE_CONFIGS
 
     def variants(requests):
         return {(fn.__name__, kw.get("SPLIT")) for _, fn, _, kw in requests}
@@ -246,7 +246,7 @@ def _gemm_overrides(col: _Collector, cfg: Qwen3Config, contract: NumericsContrac
         if variants(requests) <= seen:
             continue
         seen |= variants(requests)
-        col.add("gemm", requests, f"{cfg.name} q_proj M={shape.m} (override: rlkit.bench.kernels.TUNE_CONFIGS)",
+        col.add("gemm", requests, f"{cfg.name} q_proj M={shape.m} (override: rlkit.bench.gemm_candidates.TUNE_CONFIGS)",
                 chosen=False)
 
 

@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.jobs < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)
         return 2
-    from rlkit.bench.kernels import _commit
+    from rlkit.bench.provenance import commit
 
     if a.from_rows:
         report_rows = [json.loads(ln) for ln in Path(a.from_rows).read_text().splitlines() if ln.strip()]
@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         mine = [r for r in results if r.target is t]
         print(f"{t.name} ({t.device}): {len(mine)} plans, {sum(1 for r in mine if r.error)} failed")
     print(f"{len(results)} compiles in {elapsed:.1f} s with {a.jobs} job(s)")
-    report_rows = rows([r for r in results if not r.error], _commit())
+    report_rows = rows([r for r in results if not r.error], commit())
     if a.out:
         write_rows(report_rows, Path(a.out))
     if a.markdown:

@@ -20,25 +20,17 @@ import argparse
 import csv
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from rlkit.bench.gemm_candidates import TUNE_CONFIGS
+from rlkit.bench.provenance import commit
+
 GEMM_M = (1, 8, 64, 256, 1024, 4096, 8192)
 HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy on the H200 (lab/KERNELS_NOTES.md)
-
-
-def _commit() -> str:
-    if os.environ.get("RLKIT_COMMIT"):
-        return os.environ["RLKIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:  # noqa: BLE001 - no git where the tree was copied
-        return "unknown"
 
 
 class Recorder:
@@ -78,37 +70,6 @@ def gemm_shapes(model: str) -> dict[str, tuple[int, int, bool]]:
             "down": (i, h, True), "lm_head": (h, cfg.vocab_size, False)}
 
 
-TUNE_CONFIGS = {  # candidates timed beside the default plan (gemm.plan); each must give the same bits
-    "small": [dict(kind="swapped", BN=32, BT=16, num_warps=4, num_stages=4),
-              dict(kind="swapped", BN=64, BT=16, num_warps=4, num_stages=5),
-              dict(kind="swapped", BN=128, BT=16, num_warps=4, num_stages=4),
-              dict(kind="swapped", BN=32, BT=64, num_warps=4, num_stages=4),
-              dict(kind="swapped", BN=128, BT=64, num_warps=8, num_stages=3)],
-    "large": [dict(kind="tiles", BM=128, BN=256, GROUP_M=8, split=True, num_warps=8, num_stages=3),
-              dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3),
-              dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=4),
-              dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=4),
-              dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=3, programs_per_sm=2),
-              dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=4, num_stages=4),
-              dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=False, num_warps=4, num_stages=4),
-              dict(kind="tma", BM=64, BN=64, GROUP_M=8, split=False, num_warps=4, num_stages=5),
-              dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, num_warps=4, num_stages=5),
-              dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=4),
-              dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=True, num_warps=4, num_stages=4),
-              dict(kind="tma", BM=64, BN=64, GROUP_M=8, split=True, num_warps=4, num_stages=5)],
-    "row_parallel": [dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, stash=1, num_warps=8, num_stages=4),
-                     dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, stash=2, num_warps=8, num_stages=4),
-                     dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, stash=2, num_warps=8, num_stages=3),
-                     dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, stash=1, num_warps=8, num_stages=3,
-                          programs_per_sm=2),
-                     dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, stash=1, num_warps=4, num_stages=5),
-                     dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, stash=2, num_warps=4, num_stages=5),
-                     dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=False, stash=1, num_warps=4, num_stages=4),
-                     dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, num_warps=4, num_stages=5),
-                     dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=4),
-                     dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=True, num_warps=4, num_stages=4),
-                     dict(kind="tma", BM=64, BN=64, GROUP_M=8, split=True, num_warps=4, num_stages=5)],
-}
 
 
 def _graph_ms(fn, rep: int = 10) -> float:
@@ -453,7 +414,7 @@ def run(out_dir: str | Path, quick: bool = False, tune: bool = False, parts=("ge
         "rowwise", "engine")) -> list[dict]:
     """Run the benchmarks, write bench.jsonl / bench.csv / BENCHMARKS.md under out_dir, return the rows."""
     out = Path(out_dir)
-    rec = Recorder(torch.cuda.get_device_name(), _commit())
+    rec = Recorder(torch.cuda.get_device_name(), commit())
     started = time.time()
     steps = {
         "gemm": lambda: bench_gemm(rec, ms=(1, 64, 1024) if quick else GEMM_M, tune=tune),
