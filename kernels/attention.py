@@ -189,6 +189,8 @@ def native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionL
     decode layout runs as one batched SDPA over the gathered pages."""
     check_inputs(q, k, v, layout)
     if layout.one_query_per_seq:
+        if _tr.on_gpu(q, k, v) and q.dtype in (torch.bfloat16, torch.float16) and q.shape[1] // k.shape[-2] <= 16:
+            return native_paged_decode(q, k, v, layout)
         return _native_decode(q, k, v, layout)
     outs = []
     heads, kv_heads = q.shape[1], k.shape[-2]
@@ -459,9 +461,12 @@ layout, so the host-side tile map is built once per forward, not once per layer;
 its layout (the plan holds no reference back to it)."""
 
 
-def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContract, mode: str | None = None):
-    """Host-side preparation of a launch (tile map, split count, strides): reusable while the layout is."""
-    key = (tuple(q_shape), tuple(k.shape), tuple(k.stride()), contract.attention, mode, str(k.device))
+def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContract, mode: str | None = None,
+                   tile: tuple[int, int] = (BLOCK_M, NUM_WARPS)):
+    """Host-side preparation of a launch (tile map, split count, strides): reusable while the layout is.
+    `tile` (rows, warps): the strict path always uses (BLOCK_M, NUM_WARPS) in every mode; only the
+    native control's paged decode (`native_paged_decode`) asks for another."""
+    key = (tuple(q_shape), tuple(k.shape), tuple(k.stride()), contract.attention, mode, str(k.device), tile)
     hit = _PLAN_CACHE.get(layout)
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -511,7 +516,7 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
         mode = ("split" if decode and tiles * kv_heads < 2 * _tr.sm_count(dev) and max_splits > 1
                 else "fused")
     plan["mode"] = mode
-    plan["block_m"], plan["num_warps"] = BLOCK_M, NUM_WARPS  # every mode: the same tile (see above)
+    plan["block_m"], plan["num_warps"] = tile
     _PLAN_CACHE[layout] = (key, plan)
     return plan
 
@@ -546,6 +551,29 @@ def launch(plan: dict, q, k, v, contract: NumericsContract) -> tuple[torch.Tenso
         compiled = _attn_kernel[grid](q, k, v, out, wsm, wsa, *args, MODE=2, **common)
         launches.append(_tr.Launch("merge", dict(grid=grid, BM=bm, num_warps=warps), compiled))
     return out, launches
+
+
+NATIVE_DECODE_TILE = (16, 4)
+"""The native control's decode tile: 16 rows (a KV head's query group, padded), 4 warps."""
+_NATIVE_DECODE_SCHEDULE = NumericsContract()
+"""Split and block sizes of the native paged decode (256 / 32 positions): a schedule, not a contract --
+the native control's bits answer to nothing."""
+
+
+def native_paged_decode(q, k, v, layout: AttentionLayout) -> torch.Tensor:
+    """The native control for paged decode on CUDA: split-K flash-decoding straight off the page table,
+    as a serving engine's paged kernel runs it (this module's online-softmax kernel with a 16-row, 4-warp
+    tile, splits in parallel when the batch leaves SMs idle, merged in a second launch). Free of the
+    contract's one-tile rule, so its bits differ from prefill's (measured: lab/LOG.md 2026-12-01); no host
+    sync, so decode graphs capture it. The masked SDPA over the whole block table (`_native_decode`) stays
+    for CPUs and for what this kernel does not cover."""
+    if k.stride(-1) != 1 or v.stride() != k.stride():
+        k, v = k.contiguous(), v.contiguous()
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    plan = attention_plan(q.shape, k, layout, _NATIVE_DECODE_SCHEDULE, tile=NATIVE_DECODE_TILE)
+    if plan["nslots"] > MAX_SLOTS:
+        return _native_decode(q, k, v, layout)
+    return launch(plan, q, k, v, _NATIVE_DECODE_SCHEDULE)[0]
 
 
 def triton_attention(q, k, v, layout: AttentionLayout, contract: NumericsContract, mode: str | None = None):

@@ -240,6 +240,31 @@ def test_attention_modes_layouts_and_pages_agree():
                          "chunked prefill of [60, 130)")
 
 
+def test_native_paged_decode_matches_the_sdpa_decode():
+    """The native control's paged decode kernel (16-row tile, splits in parallel): exact inputs (q = 0,
+    integer values), so it must equal the masked SDPA decode's causal means; pages shuffled, NaN past
+    each context."""
+    warnings.filterwarnings("ignore")
+    from rlkit.kernels import attention
+    from rlkit.kernels.attention import AttentionLayout
+    page, n_pages = 16, 40
+    kc = torch.full((n_pages, page, KVH, D), float("nan"))
+    vc = kc.clone()
+    lens, order = [150, 37, 300], torch.randperm(n_pages, generator=g(30)).tolist()
+    tables, vals = [], []
+    for i, n in enumerate(lens):
+        pages = [order.pop() for _ in range(-(-n // page))]
+        k, v = exact(n, KVH, D, seed=31 + i), exact(n, KVH, D, seed=41 + i)
+        for j in range(n):
+            kc[pages[j // page], j % page], vc[pages[j // page], j % page] = k[j], v[j]
+        tables.append(pages + [0] * (19 - len(pages)))
+        vals.append(v.mean(0).repeat_interleave(H // KVH, dim=0))
+    lay = AttentionLayout.paged_decode(torch.tensor(lens), torch.tensor(tables))
+    q = torch.zeros(3, H, D)
+    out = attention.native_paged_decode(q.half(), kc.half(), vc.half(), lay)
+    assert_bitwise_equal(out.float(), torch.stack(vals).half().float(), "native paged decode vs the value means")
+
+
 def test_launches_return_their_plan_and_leave_no_module_state():
     """A launcher hands what it launched (kernel, plan, compiled kernel) back to the caller; the kernel
     modules keep no per-launch record."""
