@@ -24,7 +24,7 @@ Parallelism: world = TP x CP x PP ranks (data parallelism is not wired: one mode
   CP-1 bits for every query; response logprobs are gathered in token order, so every CP rank computes
   the same loss; every parameter's gradient is summed over the CP group by the canonical all-reduce.
   Ring (p2p) CP would exchange split states instead and would need a (max, sum, acc) split-state API
-  from rlkit.kernels.attention.
+  from the attention kernels (through rlkit.ops).
 - Sequence parallelism: left off (StrictRowParallelLinear refuses it). With a tree-ordered
   reduce-scatter (each rank's rows of the canonical all-reduce) it would change no bit; what it buys is
   memory, each TP rank keeping 1/TP of the norm and residual activations. Building it means: padding
