@@ -1,0 +1,129 @@
+"""The headline of issue 16: RL step time, strict / native, with the rollout / train / sync split.
+
+For each step shape below, two fresh runs from the same seed and data order: every op strict, then every
+op native (the native control: cuBLAS GEMMs, SDPA prefill, the split-K paged flash-decoding, the same
+sampler, decode from CUDA graphs on both sides). Each run does --steps RL steps or stops at its time
+budget (a stop request ends it between steps); step 0 is left out of the medians (compilation,
+graph capture, allocator warm-up). Per path: the median step time and its parts; then strict / native
+for each.
+
+Step shapes (rlkit.config.validation_0_6b with overrides; random weights, DAPO-Math-17k, seed 1234):
+- validation: qwen3-0.6b shape, 2 prompts x 8 samples, 512-token responses (the 200-step validation run);
+- trainer-heavy: qwen3-1.7b shape, 2 x 8, 2k-token responses;
+- source: qwen3-0.6b shape, 8 prompts x 8 samples, responses up to 6,912 tokens (the source system's step
+  shape scaled to one H200).
+
+On the lent H200 (rlkit installed editable first, offline; the data travel in an ignored folder):
+    python3 -m pip install -q --no-deps --no-build-isolation -e .
+    RLKIT_DATA=.thirdparty/data RLKIT_COMMIT=<sha> python3 lab/rl_step_ratio_h200.py --out $OUT \\
+        --shapes validation,trainer-heavy --steps 4 --minutes 2
+    python lab/rl_step_ratio_h200.py --dry-run --out /tmp/ratio   # CPU, tiny preset, 16-token responses
+
+Writes $OUT/rl_step_ratio.jsonl (long format: shape, path, metric, value, device, commit) and prints the
+table last. Nothing here asserts: it is a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from rlkit.bench.provenance import commit
+from rlkit.config import validation_0_6b
+from rlkit.loop import run
+from rlkit.rollout.engine import EngineConfig
+
+PARTS = ("step_s", "rollout_s", "train_s", "sync_s")
+
+
+def step_shapes(dry_run: bool) -> dict:
+    """name -> RunConfig (without steps and path)."""
+    if dry_run:  # the same pipeline on the CPU: tiny preset, short responses
+        base = dict(model="tiny", device="cpu", dtype="float32", max_tokens=16, threads=1,
+                    engine=EngineConfig(page_size=16, num_pages=256, max_num_seqs=16, max_batch_tokens=256,
+                                        max_model_len=512, cuda_graphs=False))
+        return {"validation": validation_0_6b(**base),
+                "source": validation_0_6b(**dict(base, prompts_per_step=4, samples_per_prompt=2))}
+    return {
+        "validation": validation_0_6b(),
+        "trainer-heavy": validation_0_6b(
+            model="qwen3-1.7b", max_tokens=2048,
+            engine=EngineConfig(page_size=16, num_pages=4096, max_num_seqs=16, max_batch_tokens=4096,
+                                max_model_len=4096)),
+        "source": validation_0_6b(
+            prompts_per_step=8, samples_per_prompt=8, max_tokens=6912,
+            engine=EngineConfig(page_size=16, num_pages=36864, max_num_seqs=64, max_batch_tokens=8192,
+                                max_model_len=8192)),
+    }
+
+
+def timed_run(run_dir: Path, cfg, minutes: float) -> list:
+    """Run `cfg` into a new `run_dir` until its steps are done or `minutes` pass; its step summaries."""
+    stop = threading.Event()
+    timer = threading.Timer(minutes * 60, stop.set)
+    timer.start()
+    try:
+        store = run(run_dir, cfg, progress=False, stop=stop)
+    finally:
+        timer.cancel()
+    with store:
+        return store.steps()
+
+
+def medians(steps) -> dict[str, float]:
+    timed = steps[1:] or steps  # step 0 compiles and captures
+    return {part: statistics.median(s.timings[part] for s in timed) for part in PARTS} | {
+        "steps_timed": float(len(timed)), "mismatch_count": float(sum(s.mismatch_count for s in steps)),
+        "compared_tokens": float(sum(s.compared_tokens for s in steps))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--shapes", default="validation,trainer-heavy,source")
+    ap.add_argument("--steps", type=int, default=4, help="RL steps a run (step 0 is not timed)")
+    ap.add_argument("--minutes", type=float, default=2.0, help="time budget a run")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny preset, 16-token responses")
+    a = ap.parse_args()
+    shapes = step_shapes(a.dry_run)
+    unknown = [s for s in a.shapes.split(",") if s not in shapes]
+    if unknown:
+        print(f"--shapes: unknown {unknown}; choose from {', '.join(shapes)}", file=sys.stderr)
+        return 2
+    a.out.mkdir(parents=True, exist_ok=True)
+    device = "cpu (dry run)" if a.dry_run else torch.cuda.get_device_name()
+    sha, rows, table = commit(), [], []
+    for name in a.shapes.split(","):
+        result = {}
+        for path in ("strict", "native"):
+            cfg = shapes[name].replace(steps=a.steps, path=path)
+            t0 = time.time()
+            steps = timed_run(a.out / f"run-{name}-{path}", cfg, a.minutes)
+            result[path] = medians(steps)
+            print(f"{name} {path}: {len(steps)} steps in {time.time() - t0:.0f} s: "
+                  + " ".join(f"{k} {v:.3f}" for k, v in result[path].items()), flush=True)
+            rows += [dict(shape=name, path=path, metric=k, value=v, device=device, commit=sha)
+                     for k, v in result[path].items()]
+        ratio = {part: result["strict"][part] / result["native"][part] for part in PARTS
+                 if result["native"][part] > 0}
+        rows += [dict(shape=name, path="strict/native", metric=k, value=v, device=device, commit=sha)
+                 for k, v in ratio.items()]
+        table.append((name, result, ratio))
+        (a.out / "rl_step_ratio.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"\n{'shape':14} {'path':7} " + " ".join(f"{p:>10}" for p in PARTS) + "  (median seconds, step 0 left out)")
+    for name, result, ratio in table:
+        for path in ("strict", "native"):
+            print(f"{name:14} {path:7} " + " ".join(f"{result[path][p]:10.3f}" for p in PARTS))
+        print(f"{name:14} {'ratio':7} " + " ".join(f"{ratio.get(p, float('nan')):10.2f}" for p in PARTS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
