@@ -32,6 +32,7 @@ import param
 
 from rlkit.contract import OPS, PATHS
 from rlkit.timeline.records import StepSummary, SyncEvent, ToggleEvent, WeightVersion
+from rlkit.timeline.lock import holder
 from rlkit.timeline.store import DB_NAME, RunStore, StoreError, StoreFollower
 from rlkit.timeline.timeline import Timeline, mismatches
 
@@ -114,6 +115,12 @@ class RunState(param.Parameterized):
     source = param.Dict(default=None, allow_None=True,
                         doc="For a run imported from another framework's dump: its format, layout and what "
                             "it did not record (the store's 'import' info); None for rlkit's own runs.")
+    run_state = param.Dict(default=None, allow_None=True,
+                           doc="What the writer last said of itself (the store's 'run_state': running, "
+                               "finished, stopped or failed, with the reason); None for stores written "
+                               "before runs said it.")
+    writer_alive = param.Boolean(False, doc="A process holds the run's writer lock (checked while the run "
+                                            "is not known to have ended).")
     revision = param.Integer(0, doc="Incremented whenever any of the above changes.")
 
     def __init__(self, run_dir, label: str | None = None, **params):
@@ -153,14 +160,38 @@ class RunState(param.Parameterized):
     def summary(self, step: int) -> StepSummary | None:
         return self._summaries.get(step)
 
+    def default_step(self) -> int | None:
+        """The step a drill-down opens on: of the steps whose per-token data the store holds (a copy
+        brought back from a GPU may keep it for every k-th step only), the one with the most mismatching
+        tokens, the latest of equals; the latest step when none has per-token data."""
+        with_records = set(self.records["step"].tolist()) if len(self.records) else set()
+        candidates = [s for s in self._summaries if s in with_records]
+        if not candidates:
+            return self.last_step
+        return max(candidates, key=lambda s: (self._summaries[s].mismatch_count, s))
+
+    def _mode(self) -> str:
+        """finished / stopped / failed (with the reason the run stored) / live / not running."""
+        done, planned = self.n_steps, self.planned_steps
+        state = self.run_state or {}
+        if self.finished:
+            return "finished"
+        if state.get("state") in ("stopped", "failed", "finished"):
+            return f"{state['state']} after {done} of {planned} steps: {state.get('reason', 'no reason stored')}"
+        if self.writer_alive:
+            return f"{done} of {planned} steps so far"
+        if state.get("state") == "running":
+            return (f"not running: {done} of {planned} steps; its writer (pid {state.get('pid', '?')}) ended "
+                    f"without saying why (killed?)")
+        return f"not running: {done} of {planned} steps; the store does not say why it stopped"
+
     def status(self) -> str:
         if not self.exists:
             return f"{self.label}: waiting for the run to start ({self.run_dir})"
         span = f"steps {min(self._summaries)}–{self.last_step}" if self._summaries else "no step yet"
         if not self._summaries and self.progress:
             span += f" — {describe_progress(self.progress)}"
-        # a run that stopped early looks like a live one from the store: say only what is known
-        mode = "finished" if self.finished else f"{self.n_steps} of {self.planned_steps} steps so far"
+        mode = self._mode()
         pending = f", {len(self.pending)} toggle request(s) pending" if len(self.pending) else ""
         origin = ""
         if self.source:  # an imported run says where it came from and what its source did not record
@@ -181,6 +212,18 @@ class RunState(param.Parameterized):
             changed = True
         if self._timeline is None:
             return []
+        state = self._follower.store.info("run_state")
+        if state != self.run_state:
+            self.run_state = state
+            changed = True
+        if not self.finished and (state is None or state.get("state") == "running"):
+            alive = holder(self.run_dir) is not None
+            if alive != self.writer_alive:
+                self.writer_alive = alive
+                changed = True
+        elif self.writer_alive:
+            self.writer_alive = False
+            changed = True
         if not self._summaries and not new:  # before step 0: the warm start reports its progress
             progress = self._follower.store.info("progress")
             if progress != self.progress:
@@ -459,9 +502,16 @@ class DashboardState(param.Parameterized):
         if [r.revision for r in self.runs] != before:
             self.revision += 1
         run = self.current
-        if run.last_step is not None and (self.step is None or (self.follow_latest and new.get(run.label))):
-            self.step = run.last_step
+        if run.last_step is not None:
+            if self.step is None:
+                self.step = self._opening_step(run)
+            elif self.follow_latest and new.get(run.label):
+                self.step = run.last_step
         return {k: v for k, v in new.items() if v}
+
+    def _opening_step(self, run: RunState) -> int | None:
+        """A live run followed: its newest step; a run that is not running: `RunState.default_step`."""
+        return run.last_step if self.follow_latest and run.writer_alive else run.default_step()
 
     # -- drill-down -----------------------------------------------------------------------------
     @param.depends("run", watch=True)
@@ -470,7 +520,7 @@ class DashboardState(param.Parameterized):
         if self.step is not None and run.summary(self.step) is not None:
             self._load_step()  # same step number, other run
         else:
-            self.step = run.last_step
+            self.step = self._opening_step(run)
 
     @param.depends("step", watch=True)
     def _load_step(self) -> None:

@@ -13,6 +13,7 @@ resumes (`resume=True`) from its last complete step and continues bit for bit.
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -28,7 +29,7 @@ from rlkit.divergence import check_fingerprints, logprob_divergence
 from rlkit.model.tokenizer import chat_prompt_ids, decode, load_tokenizer
 from rlkit.rollout.types import GenerationRequest
 from rlkit.runners import SyncError, make_runner, seeded_model
-from rlkit.train.warm_start import warm_start
+from rlkit.train.warm_start import WarmStartStopped, warm_start
 from rlkit.timeline.records import Recompute, RolloutRecord, StepSummary, ToggleEvent, WeightVersion
 from rlkit.timeline.store import RunStore
 from rlkit.train.grpo import group_advantages
@@ -75,6 +76,7 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
             store = RunStore.create(run_dir, cfg.to_dict())
             store.set_info("platform", {**hardware.describe(), "device": cfg.device, "dtype": cfg.dtype,
                                         "dtype_reason": dtype_reason})
+            _record_running(store, resumed=False)
         if ckpt is None and cfg.warm_start_steps:  # a checkpoint holds weights from after the warm start
             # a new run shows its warm start on the dashboard; a resume writes nothing before its checks pass
             report = None if resume else (lambda p: store.set_info("progress", p.to_dict()))
@@ -99,20 +101,52 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
                 store.commit_initial(syncs=syncs)
             else:  # recorded once the committed steps after the checkpoint are recomputed and equal
                 resyncs = syncs
-    except BaseException:
+    except BaseException as exc:
         if runner is not None:
             runner.close()
         if store is not None:
+            if not resume:  # a refused resume changes nothing in its store
+                record_end(store, cfg, exc)
             store.close()
         lock.release(remove=lock.created)  # a refused command leaves no lock file it made
         if made and store is None:  # a new run refused or failed before its store existed: leave nothing
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    if resume:  # its checks passed: from here on it writes
+        _record_running(store, resumed=True)
     try:
-        return _steps(store, cfg, runner, task, tok, contract, start, last, toggles, resyncs, progress, stop)
+        result = _steps(store, cfg, runner, task, tok, contract, start, last, toggles, resyncs, progress, stop)
+    except BaseException as exc:
+        record_end(store, cfg, exc)
+        raise
+    else:
+        record_end(store, cfg, None)
+        return result
     finally:
         runner.close()
         lock.release()
+
+
+def _record_running(store: RunStore, resumed: bool) -> None:
+    store.set_info("run_state", {"state": "running", "pid": os.getpid(), "since": time.time(), "resumed": resumed})
+
+
+def record_end(store: RunStore, cfg: RunConfig, exc: BaseException | None) -> None:
+    """Store why the run ended ("run_state"): finished (every step), stopped (a stop request, Ctrl-C or
+    the warm start's stop) or failed (the error, in one line). Never raises: the original error wins."""
+    if exc is None:
+        last = max((s.step for s in store.steps()), default=-1)
+        state, reason = (("finished", "every step ran") if last + 1 >= cfg.steps else
+                         ("stopped", "a stop request (Ctrl-C, SIGTERM or the caller's stop event) ended it at a "
+                                     "complete step"))
+    elif isinstance(exc, (KeyboardInterrupt, WarmStartStopped)):
+        state, reason = "stopped", f"{type(exc).__name__}: {' '.join(str(exc).split()) or 'interrupted'}"
+    else:
+        state, reason = "failed", f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
+    try:
+        store.set_info("run_state", {"state": state, "reason": reason, "ended_at": time.time()})
+    except Exception:  # noqa: BLE001 - a store that cannot take the note must not hide why the run ended
+        pass
 
 
 def _steps(store: RunStore, cfg: RunConfig, runner, task, tok, contract, start: int, last: int | None,

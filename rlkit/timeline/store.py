@@ -289,11 +289,13 @@ class RunStore:
     def schema_version(self) -> int:
         return int(self._rows("SELECT value FROM meta WHERE key = 'schema_version'")[0][0])
 
-    INFO_KEYS = ("platform", "progress", "import")
+    INFO_KEYS = ("platform", "progress", "import", "run_state")
     """Run information that is not part of the timeline: where the run computes and why in that dtype
     ("platform"), what it is doing before its first step ("progress": the warm start's step, loss
-    and time left), and for a run imported from another framework's dump where it came from and what
-    the dump did not record ("import", rlkit/interop/importer.py). Overwritten in place; readers take
+    and time left), for a run imported from another framework's dump where it came from and what
+    the dump did not record ("import", rlkit/interop/importer.py), and whether the writer is running,
+    finished, stopped or failed, and why ("run_state", rlkit/loop.py; a writer killed outright leaves
+    "running" behind, which readers check against the writer lock). Overwritten in place; readers take
     the latest."""
 
     def set_info(self, key: str, value: dict[str, Any]) -> None:

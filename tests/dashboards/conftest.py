@@ -22,6 +22,7 @@ import pytest
 from rlkit.contract import OPS
 from rlkit.distributed import free_port  # noqa: F401  (the dashboard tests import it from here)
 from rlkit.timeline import RunStore, StepSummary, ToggleEvent
+from rlkit.timeline.lock import RunLock
 from tests.conftest import REPO
 from tests.timeline.fakes import FP, initial, make_step
 
@@ -36,11 +37,13 @@ WAIT_S = 240.0
 
 class FakeRun:
     """A run store the test writes step by step, as the loop would (make_step content, all ops strict
-    unless a toggle was applied)."""
+    unless a toggle was applied), holding the run's writer lock and saying it is running until closed."""
 
     def __init__(self, run_dir: Path, steps: int = 6):
         self.run_dir = run_dir
         self.store = RunStore.create(run_dir, {"steps": steps, "path": "strict", "ops": {}, "task": "fake"})
+        self.lock = RunLock.acquire(run_dir)
+        self.store.set_info("run_state", {"state": "running", "pid": os.getpid(), "since": time.time()})
         self.store.commit_initial(*initial())
         self.paths = {op: "strict" for op in OPS}
         self.next = 0
@@ -57,8 +60,13 @@ class FakeRun:
             self.store.commit_step(summary, fake.records, fake.recomputes, fake.versions, fake.syncs, toggles)
             self.next += 1
 
+    def end(self, state: str, reason: str) -> None:
+        """Say how the run ended, as rlkit.loop.record_end does."""
+        self.store.set_info("run_state", {"state": state, "reason": reason, "ended_at": time.time()})
+
     def close(self) -> None:
         self.store.close()
+        self.lock.release()
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from rlkit.dashboards.state import (EQUAL_Z, MAX_Z, MIN_Z, DashboardState, RunSt
                                     initial_paths, run_labels)
 from rlkit.timeline import RunStore, StoreError, Timeline
 from rlkit.timeline.timeline import mismatches
+from tests.conftest import REPO
 from tests.dashboards.conftest import FakeRun, labelled_text
 from tests.timeline.fakes import make_step
 
@@ -305,10 +306,68 @@ def test_replays_the_run_brought_back_from_the_h200(tmp_path):
     run = state.current
     assert run.n_steps == len(summaries) > 0 and run.config["preset"] == "qwen3-0.6b"
     assert list(run.steps["mismatch_count"]) == [s.mismatch_count for s in summaries]
-    assert state.step == summaries[-1].step == 199
+    # it opens on a step with per-token data (the most mismatching; all 0 here: the latest such step)
+    assert state.step == 198 and summaries[-1].step == 199
+    state.select_step(199)
     assert state.heatmap.shape[0] == 0 and "one step in 2" in state.heatmap.note
     state.select_step(198)
     hm, kept = state.heatmap, run.records[run.records["step"] == 198]
     assert hm.note == "" and hm.shape == (len(kept), int(kept["n_tokens"].max())) == (16, 512)
     assert int(hm.mismatch.sum()) == summaries[198].mismatch_count == 0
     state.close()
+
+
+def test_a_run_that_ended_early_says_how_from_its_store(tmp_path):
+    """Live while its writer holds the lock; afterwards what the run stored (stopped, failed) or, for a
+    writer killed outright or a store from before runs said it, that it is not running."""
+    stopped = FakeRun(tmp_path / "stopped", steps=6)
+    stopped.commit(2)
+    run = RunState(stopped.run_dir)
+    run.poll()
+    assert run.writer_alive and run.status().startswith("stopped: steps 0–1 (2 of 6 steps so far)")
+    stopped.end("stopped", "a stop request ended it at a complete step")
+    stopped.close()
+    run.poll()
+    assert not run.writer_alive
+    assert "(stopped after 2 of 6 steps: a stop request ended it at a complete step)" in run.status()
+    run.close()
+
+    killed = FakeRun(tmp_path / "killed", steps=6)
+    killed.commit(1)
+    killed.close()  # the lock goes with the process; "running" stays behind
+    run = RunState(killed.run_dir)
+    run.poll()
+    assert "(not running: 1 of 6 steps; its writer (pid" in run.status() and "killed?" in run.status()
+    run.close()
+
+    failed = FakeRun(tmp_path / "failed", steps=6)
+    failed.commit(3)
+    failed.end("failed", "SyncError: checksum not acknowledged by engine-0")
+    failed.close()
+    run = RunState(failed.run_dir)
+    run.poll()
+    assert "(failed after 3 of 6 steps: SyncError: checksum not acknowledged by engine-0)" in run.status()
+    run.close()
+
+
+def test_the_committed_h200_stores_read_as_what_they_are(tmp_path):
+    """The H200 validation copies under lab/runs (written before runs stored their state): the native
+    run that stopped after 6 of 200 steps is not shown as live, and the drill-down opens on a step that
+    has per-token data (the strict copy keeps it for every second step: not step 199). Copied first, so
+    reading them leaves nothing beside the committed files."""
+    import shutil
+
+    for name in ("strict", "native"):
+        shutil.copytree(REPO / "lab" / "runs" / "h200-validation-2026-11-29" / name, tmp_path / name)
+    state = DashboardState.from_run_dirs([tmp_path / "strict", tmp_path / "native"])
+    try:
+        native, strict = state.get("native"), state.get("strict")
+        assert "(not running: 6 of 200 steps; the store does not say why it stopped)" in native.status()
+        assert "so far" not in native.status() and "(finished)" in strict.status()
+        assert state.run == "strict" and state.step == strict.default_step() == 198
+        assert len(state.step_records) > 0, "the drill-down opened on a step without per-token data"
+        state.run = "native"
+        assert state.step == native.default_step() and len(state.step_records) > 0
+    finally:
+        for r in state.runs:
+            r.close()

@@ -39,6 +39,45 @@ def test_strict_run_has_zero_mismatch_at_every_step(tmp_path):
     assert all(sync.ok for sync in store.syncs())
 
 
+def test_a_run_stores_how_it_ended(tmp_path, monkeypatch):
+    """"run_state": running while the loop writes, then finished (every step) or stopped (a stop request
+    ends it at a complete step), with the reason."""
+    import threading
+
+    done = loop.run(tmp_path / "done", small(steps=2), progress=False)
+    assert done.info("run_state")["state"] == "finished"
+    done.close()
+    seen = {}
+    original = loop.record_end
+
+    def spy(store, cfg, exc):  # what the store said just before the run recorded its end
+        seen["before_end"] = store.info("run_state")
+        original(store, cfg, exc)
+
+    monkeypatch.setattr(loop, "record_end", spy)
+    stop = threading.Event()
+    stopper = threading.Thread(target=_stop_when_a_step_is_in, args=(tmp_path / "stopped", stop))
+    stopper.start()
+    stopped = loop.run(tmp_path / "stopped", small(steps=50), progress=False, stop=stop)
+    stopper.join()
+    state, n = stopped.info("run_state"), len(stopped.steps())
+    stopped.close()
+    assert seen["before_end"]["state"] == "running" and seen["before_end"]["pid"] == os.getpid()
+    assert 1 <= n < 50
+    assert state["state"] == "stopped" and "stop request" in state["reason"]
+
+
+def _stop_when_a_step_is_in(run_dir, stop) -> None:
+    follower = StoreFollower(run_dir, missing_ok=True)
+    deadline = time.time() + 600
+    try:
+        while not follower.poll() and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        follower.close()
+        stop.set()
+
+
 def test_native_run_mismatches_on_the_cpu(tmp_path):
     """fp32: the native path's GEMM and SDPA change bits between the engine's decode batches and the
     trainer's packed forward (in bf16 the tiny model's roundings hide most of it on the CPU)."""
