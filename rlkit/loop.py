@@ -112,12 +112,19 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
         if made and store is None:  # a new run refused or failed before its store existed: leave nothing
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    if resume:  # its checks passed: from here on it writes
-        _record_running(store, resumed=True)
+    writing = [not resume]  # a resume writes its run state only once its replayed steps came out equal
+
+    def start_writing() -> None:
+        if not writing[0]:
+            _record_running(store, resumed=True)
+            writing[0] = True
+
     try:
-        result = _steps(store, cfg, runner, task, tok, contract, start, last, toggles, resyncs, progress, stop)
+        result = _steps(store, cfg, runner, task, tok, contract, start, last, toggles, resyncs, progress, stop,
+                        start_writing)
     except BaseException as exc:
-        record_end(store, cfg, exc)
+        if writing[0]:
+            record_end(store, cfg, exc)
         raise
     else:
         record_end(store, cfg, None)
@@ -151,7 +158,7 @@ def record_end(store: RunStore, cfg: RunConfig, exc: BaseException | None) -> No
 
 def _steps(store: RunStore, cfg: RunConfig, runner, task, tok, contract, start: int, last: int | None,
            replay_toggles: list[ToggleEvent], resyncs: list, progress: bool,
-           stop: threading.Event | None) -> RunStore:
+           stop: threading.Event | None, start_writing=lambda: None) -> RunStore:
     """The steps from `start` to cfg.steps - 1; those up to `last` (committed before a resume, after its
     checkpoint) are recomputed and checked against the store instead of committed, and the resume's
     `resyncs` are recorded only once they all are: a resume that finds a difference changes nothing."""
@@ -264,6 +271,7 @@ def _steps(store: RunStore, cfg: RunConfig, runner, task, tok, contract, start: 
             if ckpt is not None:
                 store.save_checkpoint_ref(step, ckpt)
         else:
+            start_writing()
             store.commit_step(summary, records, recomputes,
                               [WeightVersion(version + 1, step, checksum, contract.fingerprint(), time.time())],
                               syncs, toggles, checkpoint=ckpt)
