@@ -189,7 +189,7 @@ def native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionL
     decode layout runs as one batched SDPA over the gathered pages."""
     check_inputs(q, k, v, layout)
     if layout.one_query_per_seq:
-        if _tr.on_gpu(q, k, v) and q.dtype in (torch.bfloat16, torch.float16) and q.shape[1] // k.shape[-2] <= 16:
+        if _tr.on_gpu(q, k, v) and q.dtype in (torch.bfloat16, torch.float16) and q.shape[1] // k.shape[-2] <= NATIVE_DECODE_TILE[0]:
             return native_paged_decode(q, k, v, layout)
         return _native_decode(q, k, v, layout)
     outs = []

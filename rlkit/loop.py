@@ -142,8 +142,8 @@ def record_end(store: RunStore, cfg: RunConfig, exc: BaseException | None) -> No
     """Store why the run ended ("run_state"): finished (every step), stopped (a stop request, Ctrl-C or
     the warm start's stop) or failed (the error, in one line). Never raises: the original error wins."""
     if exc is None:
-        last = max((s.step for s in store.steps()), default=-1)
-        state, reason = (("finished", "every step ran") if last + 1 >= cfg.steps else
+        last = store.last_step()
+        state, reason = (("finished", "every step ran") if last is not None and last + 1 >= cfg.steps else
                          ("stopped", "a stop request (Ctrl-C, SIGTERM or the caller's stop event) ended it at a "
                                      "complete step"))
     elif isinstance(exc, (KeyboardInterrupt, WarmStartStopped)):
