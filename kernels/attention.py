@@ -3,8 +3,10 @@
 Contract (AttentionSpec): keys are consumed in blocks of `block_size` absolute positions; blocks are
 grouped into splits of `split_size` positions. Within a split an online softmax walks the blocks in
 order (fp32 running max, running sum, unnormalized output); q.k over head_dim and p.V over a block are
-canonical pairwise trees; scores = (q.k) * head_dim**-0.5. Split states merge through their
-log-sum-exp in the canonical pairwise tree over split index. A query at position p sees keys 0..p.
+canonical pairwise trees; scores = (q.k) * head_dim**-0.5; under `row_sum = "tensor_core"` (v4) the
+block's p is rounded to the value dtype before it enters the sum and p.V. Split states merge through
+their log-sum-exp, folded in split order (`split_merge = "sequential"`, v4) or in the canonical
+pairwise tree over split index (v1-v3). A query at position p sees keys 0..p.
 
 Why the three modes agree bit for bit: a query's result is a function of its own q, the keys/values at
 positions 0..p, and this fixed schedule. Everything that varies between modes (how many other queries,
@@ -19,12 +21,16 @@ make the padding invisible, which is itself the batch-invariance claim under tes
 
 GPU: the Triton kernel at the end of this file runs this schedule for CUDA tensors (`strict(...)`). It
 reads `attention.split_size`, `attention.block_size` and `gpu.fp_fusion`, and covers a power-of-two
-block_size in [16, 128] and up to 2^MAX_SLOTS - 1 splits a sequence; other cases run the reference.
+block_size in [16, 128] and, under the pairwise split merge (v1-v3), up to 2^MAX_SLOTS - 1 splits a
+sequence; other cases run the reference.
 `launch` returns what it launched (plan and compiled kernel) to the caller that asks, the benchmarks.
 The layout type lives in rlkit/types.py (`AttentionLayout`), shared with the model and the engines.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -168,6 +174,8 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Attenti
         m_new = torch.maximum(m, scores.amax(-1))
         alpha = torch.exp(m - m_new)
         p = torch.exp(scores - m_new.unsqueeze(-1))
+        if spec.row_sum == "tensor_core":  # p as the matrix unit sees it: rounded to the value dtype
+            p = p.to(v.dtype).float()
         l_new = l * alpha + pairwise_sum_dim(p, -1)
         pv_terms = torch.where(vis.unsqueeze(-1), p.unsqueeze(-1) * vb[:, None, :, None, :, :], zero)
         acc_new = acc * alpha.unsqueeze(-1) + pairwise_sum_dim(pv_terms, -2)
@@ -178,7 +186,10 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Attenti
         if (b0 + block) % split == 0 or b0 + block >= kp.shape[1]:
             splits.append(state)
             state = empty_state()
-    m, l, acc, _ = pairwise_reduce(splits, _merge)
+    if spec.split_merge == "sequential":
+        m, l, acc, _ = functools.reduce(_merge, splits)
+    else:
+        m, l, acc, _ = pairwise_reduce(splits, _merge)
     out = acc / l.unsqueeze(-1)  # [n, n_q, kvh, g, d]
     out = out.reshape(n, n_q, heads, d)
     return torch.cat([out[i, : q_lens[i]] for i in range(n)]).to(q.dtype)
@@ -235,31 +246,42 @@ def _native_decode(q, k, v, layout: AttentionLayout) -> torch.Tensor:
 # =====================================================================================================
 # Triton (GPU): the same schedule, one kernel for all three modes.
 #
-# A program owns one query tile of one sequence and one KV head: BLOCK_M = 64 rows, each row one
-# (query, query head of this KV head's group) pair, so BLOCK_M / group consecutive queries. For each
-# split it runs the online softmax over the split's `block_size`-key blocks in order (blocks aligned to
-# absolute positions; q.k and p.V on tensor cores, fp32 accumulation; p rounded to the value dtype for
-# the p.V product, as FlashAttention does; a block a row cannot see leaves its state untouched), and
-# merges the split states with the pairwise LSE tree over split index, evaluated as a binary counter
-# (a stack of complete subtrees: slot l holds a finished subtree of 2^l splits; the final fold adds
-# the slots of n's set bits from the smallest up; that is exactly the pairwise tree, and a query's
-# trailing invisible splits are exact pass-throughs, so every query gets the tree of its own splits).
+# A program owns one query tile of one sequence and one KV head: BM rows, each row one (query, query head
+# of this KV head's group) pair, so BM / group consecutive queries. For each split it runs the online
+# softmax over the split's `block_size`-key blocks in order (blocks aligned to absolute positions; q.k
+# and p.V on tensor cores, fp32 accumulation; p rounded to the value dtype for the p.V product, as
+# FlashAttention does; a block a row cannot see leaves its state untouched), and merges the split states
+# as the contract says: folded into one running state in split order (v4), or with the pairwise LSE tree
+# over split index (v1-v3), evaluated as a binary counter (a stack of complete subtrees: slot l holds a
+# finished subtree of 2^l splits; the final fold adds the slots of n's set bits from the smallest up;
+# that is exactly the pairwise tree, and a query's trailing invisible splits are exact pass-throughs, so
+# every query gets the tree of its own splits).
 #
-# Why prefill, chunked prefill and decode give the same bits: the tile shape (BLOCK_M x block_size,
-# head_dim), num_warps and therefore every register layout and per-row reduction are the same in every
-# mode; a row's result depends on its q, the keys 0..p and the schedule only. Decode with few programs
-# computes the split states in parallel (MODE 1, one program per split, states stored in fp32) and
-# merges them in a second launch (MODE 2) with the same @jit merge code: an fp32 store/load is exact,
-# so the tree sees the same values. FMA fusion is off (kernels/_triton.py): each merge rounds as written.
+# Why prefill, chunked prefill and decode give the same bits. Every product and sum a row's result
+# depends on is either elementwise (exp, the rescales, the merges, the final division) or a tensor-core
+# product (q.k, p.V), whose k order is the matrix unit's whatever the tile. The one per-row reduction
+# that is neither is the block's sum of p: under v1-v3 it is a row reduction whose order follows the
+# tile's register layout, so every mode runs the same tile (BLOCK_M x block_size, NUM_WARPS); under v4
+# (`row_sum = "tensor_core"`) it is p times a column of ones on the matrix unit (its row max is exact:
+# every column holds the same sum), so the plan picks the tile per mode: 16 rows and 4 warps for a decode
+# batch, PREFILL_TILE otherwise. Decode with few programs computes the split states in parallel (MODE
+# 1, one program per split, states stored in fp32) and merges them in a second launch (MODE 2) with the
+# same @jit merge code: an fp32 store/load is exact, so the merge sees the same values. FMA fusion is
+# off (kernels/_triton.py): each merge rounds as written.
 # =====================================================================================================
 from rlkit.kernels import _triton as _tr  # noqa: E402
 from rlkit.kernels._triton import jit, tl  # noqa: E402
 
 BLOCK_M = 64
-"""Rows a program: the wgmma M of one warpgroup; fixed for every mode (see above)."""
+"""Rows a program under v1-v3: the wgmma M of one warpgroup; fixed for every mode (see above)."""
 NUM_WARPS = 8
 """Two warpgroups share the 64 x head_dim accumulator (32 fp32 registers a thread per split state), so
 the split-tree stack of a 16k-token prefill (7 states) stays mostly in registers."""
+DECODE_TILE = (16, 4)
+"""v4, a decode batch (one query a sequence): 16 rows (a KV head's query group, padded) and 4 warps, a
+quarter of the prefill tile's registers; the SMs stream keys instead of idling on padding rows."""
+PREFILL_TILE = (64, 8)
+"""v4, every other batch (prefill, chunked prefill, decode beside a prefill chunk): (rows, warps)."""
 MAX_SLOTS = 8
 """Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
 
@@ -306,7 +328,7 @@ def _fold_step(n, LVL: tl.constexpr, sm, sl, sa, fm, fl, fa, have):
 def _split_state(q, pos, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_ptr, stride_kt,
                  stride_ks, stride_kh, stride_bt, page, scale,
                  BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
-                 PAGED: tl.constexpr, IEEE: tl.constexpr):
+                 PAGED: tl.constexpr, IEEE: tl.constexpr, ROW_SUM_MMA: tl.constexpr):
     """Online softmax of split s for the tile's rows over key blocks [s*SPLIT, ...) in order."""
     m = tl.full((BM,), float("-inf"), tl.float32)
     l = tl.zeros((BM,), tl.float32)
@@ -337,7 +359,15 @@ def _split_state(q, pos, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_pt
         m_use = tl.where(seen, m_new, 0.0)
         alpha = tl.exp(m - m_use)
         p = tl.exp(sc - m_use[:, None])
-        l_new = l * alpha + tl.sum(p, axis=1)
+        if ROW_SUM_MMA:  # p.ones on the matrix unit: every column holds the row's sum, the max picks it
+            ones = tl.full((BN, 16), 1.0, vb.dtype)  # 16: the narrowest dot Triton takes
+            if IEEE:
+                p_sum = tl.max(tl.dot(p, ones, input_precision="ieee"), axis=1)
+            else:
+                p_sum = tl.max(tl.dot(p.to(vb.dtype), ones), axis=1)
+        else:
+            p_sum = tl.sum(p, axis=1)
+        l_new = l * alpha + p_sum
         if IEEE:
             pv = tl.dot(p, vb, input_precision="ieee")
         else:
@@ -355,9 +385,10 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, wsm_ptr, wsa_ptr, tile_seq_ptr, til
                  stride_kh, stride_bt, page, H, MAXS, scale,
                  GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
                  D: tl.constexpr, PAGED: tl.constexpr, NSLOTS: tl.constexpr, MODE: tl.constexpr,
-                 IEEE: tl.constexpr):
-    """MODE 0: all splits and the tree in one program; 1: split program_id(2) only, state to the
-    workspace; 2: the tree over the workspace's states."""
+                 IEEE: tl.constexpr, ROW_SUM_MMA: tl.constexpr, SEQ_MERGE: tl.constexpr):
+    """MODE 0: all splits and their merge in one program; 1: split program_id(2) only, state to the
+    workspace; 2: the merge over the workspace's states. SEQ_MERGE: fold in split order (NSLOTS 0),
+    else the pairwise tree through NSLOTS stack slots."""
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     seq = tl.load(tile_seq_ptr + tile)
@@ -387,7 +418,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, wsm_ptr, wsa_ptr, tile_seq_ptr, til
                         mask=row_ok[:, None], other=0.0)
             m, l, acc = _split_state(q, pos, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_ptr,
                                      stride_kt, stride_ks, stride_kh, stride_bt, page, scale,
-                                     BM, BN, SPLIT, D, PAGED, IEEE)
+                                     BM, BN, SPLIT, D, PAGED, IEEE, ROW_SUM_MMA)
             tl.store(wsm_ptr + (ws_row + s) * 2, m, mask=row_ok)
             tl.store(wsm_ptr + (ws_row + s) * 2 + 1, l, mask=row_ok)
             tl.store(wsa_ptr + (ws_row + s)[:, None] * D + ds[None, :], acc, mask=row_ok[:, None])
@@ -410,12 +441,14 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, wsm_ptr, wsa_ptr, tile_seq_ptr, til
             if MODE == 0:
                 cm, cl, ca = _split_state(q, pos, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_ptr,
                                           stride_kt, stride_ks, stride_kh, stride_bt, page, scale,
-                                          BM, BN, SPLIT, D, PAGED, IEEE)
+                                          BM, BN, SPLIT, D, PAGED, IEEE, ROW_SUM_MMA)
             else:
                 cm = tl.load(wsm_ptr + (ws_row + s) * 2, mask=row_ok, other=float("-inf"))
                 cl = tl.load(wsm_ptr + (ws_row + s) * 2 + 1, mask=row_ok, other=0.0)
                 ca = tl.load(wsa_ptr + (ws_row + s)[:, None] * D + ds[None, :], mask=row_ok[:, None],
                              other=0.0)
+            if SEQ_MERGE:
+                fm, fl, fa = _merge_states(fm, fl, fa, cm, cl, ca)
             done = s * 0
             if NSLOTS > 0:
                 m0, l0, a0, cm, cl, ca, done = _stack_step(s, 0, m0, l0, a0, cm, cl, ca, done)
@@ -461,11 +494,21 @@ layout, so the host-side tile map is built once per forward, not once per layer;
 its layout (the plan holds no reference back to it)."""
 
 
+def tile_for(contract: NumericsContract, decode: bool, group: int) -> tuple[int, int]:
+    """(rows, warps) of the strict kernel's tile: one tile for every mode while the contract's row sum
+    follows the tile (v1-v3); under v4 a decode batch's own tile, which needs `group` to divide 16."""
+    if contract.attention.row_sum == "tile_reduce":
+        return BLOCK_M, NUM_WARPS
+    if decode and DECODE_TILE[0] % group == 0:
+        return DECODE_TILE
+    return PREFILL_TILE
+
+
 def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContract, mode: str | None = None,
-                   tile: tuple[int, int] = (BLOCK_M, NUM_WARPS)):
+                   tile: tuple[int, int] | None = None):
     """Host-side preparation of a launch (tile map, split count, strides): reusable while the layout is.
-    `tile` (rows, warps): the strict path always uses (BLOCK_M, NUM_WARPS) in every mode; only the
-    native control's paged decode (`native_paged_decode`) asks for another."""
+    `tile` (rows, warps): None = `tile_for(contract, ...)`; the benchmarks, the tests (every tile gives
+    the same bits under v4) and the native control's paged decode pass their own."""
     key = (tuple(q_shape), tuple(k.shape), tuple(k.stride()), contract.attention, mode, str(k.device), tile)
     hit = _PLAN_CACHE.get(layout)
     if hit is not None and hit[0] == key:
@@ -474,18 +517,20 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
     t, heads, d = q_shape
     kv_heads = k.shape[-2]
     group = heads // kv_heads
-    bq = BLOCK_M // group
+    q_lens = None if layout.one_query_per_seq else (layout.cu_seqlens_q[1:] - layout.cu_seqlens_q[:-1]).tolist()
+    decode = layout.one_query_per_seq or max(q_lens, default=1) == 1
+    if tile is None:
+        tile = tile_for(contract, decode, group)
+    bq = tile[0] // group
     dev = k.device
     if layout.one_query_per_seq:
         # one tile a sequence; the split count is bounded by what the block table can hold (a split
         # past a sequence's context is skipped in the kernel), so nothing here reads a device value
         tiles = layout.num_seqs
         max_splits = max(1, -(-layout.block_table.shape[1] * k.shape[1] // spec.split_size))
-        decode = True
         tile_seq = torch.arange(tiles, dtype=torch.int32, device=dev)
         tile_q0 = torch.zeros(tiles, dtype=torch.int32, device=dev)
     else:
-        q_lens = (layout.cu_seqlens_q[1:] - layout.cu_seqlens_q[:-1]).tolist()
         starts = layout.query_start.tolist()
         seqs, q0s, max_splits = [], [], 1
         for i, (n, st) in enumerate(zip(q_lens, starts)):
@@ -494,11 +539,12 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
                 q0s.append(q0)
                 max_splits = max(max_splits, (st + min(q0 + bq, n) - 1) // spec.split_size + 1)
         tiles = len(seqs)
-        decode = max(q_lens) == 1 if q_lens else True
         tile_seq = torch.tensor(seqs, dtype=torch.int32, device=dev) if seqs else None
         tile_q0 = torch.tensor(q0s, dtype=torch.int32, device=dev) if seqs else None
-    plan = dict(paged=layout.paged_keys, tiles=tiles, max_splits=max_splits, nslots=max_splits.bit_length(),
-                kv_heads=kv_heads, group=group, d=d, heads=heads, t=t)
+    sequential = spec.split_merge == "sequential"
+    plan = dict(paged=layout.paged_keys, tiles=tiles, max_splits=max_splits,
+                nslots=0 if sequential else max_splits.bit_length(), kv_heads=kv_heads, group=group, d=d,
+                heads=heads, t=t)
     if tiles:
         plan["tile_seq"], plan["tile_q0"] = tile_seq, tile_q0
     plan["cu_q"] = layout.cu_seqlens_q.to(device=dev, dtype=torch.int32)
@@ -521,9 +567,17 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
     return plan
 
 
+def kernel_meta(plan: dict, contract: NumericsContract, dtype: torch.dtype) -> dict:
+    """The compile-time arguments of `_attn_kernel` for `plan` (MODE aside): what decides its bits."""
+    spec = contract.attention
+    return dict(GROUP=plan["group"], BM=plan["block_m"], BN=spec.block_size, SPLIT=spec.split_size, D=plan["d"],
+                PAGED=plan["paged"], NSLOTS=plan["nslots"], IEEE=dtype == torch.float32,
+                ROW_SUM_MMA=spec.row_sum == "tensor_core", SEQ_MERGE=spec.split_merge == "sequential",
+                num_warps=plan["num_warps"], **_tr.launch_options(contract))
+
+
 def launch(plan: dict, q, k, v, contract: NumericsContract) -> tuple[torch.Tensor, list[_tr.Launch]]:
     """Run a prepared launch (the benchmarks time this alone): the output and what was launched."""
-    spec = contract.attention
     t, heads, d = q.shape
     out = torch.empty(t, heads, d, dtype=q.dtype, device=q.device)
     launches: list[_tr.Launch] = []
@@ -531,9 +585,7 @@ def launch(plan: dict, q, k, v, contract: NumericsContract) -> tuple[torch.Tenso
         return out, launches
     page, stride_kt, stride_ks, stride_kh, stride_bt = plan["k_strides"]
     bm, warps = plan["block_m"], plan["num_warps"]
-    common = dict(GROUP=plan["group"], BM=bm, BN=spec.block_size, SPLIT=spec.split_size, D=d,
-                  PAGED=plan["paged"], NSLOTS=plan["nslots"], IEEE=q.dtype == torch.float32,
-                  num_warps=warps, **_tr.launch_options(contract))
+    common = kernel_meta(plan, contract, q.dtype)
     args = (plan["tile_seq"], plan["tile_q0"], plan["cu_q"], plan["qstart"], plan["ctx"], plan["cu_k"], plan["bt"],
             q.stride(0), q.stride(1), stride_kt, stride_ks, stride_kh, stride_bt, page, heads,
             plan["max_splits"], float(d ** -0.5))
@@ -553,18 +605,20 @@ def launch(plan: dict, q, k, v, contract: NumericsContract) -> tuple[torch.Tenso
     return out, launches
 
 
-NATIVE_DECODE_TILE = (16, 4)
+NATIVE_DECODE_TILE = DECODE_TILE
 """The native control's decode tile: 16 rows (a KV head's query group, padded), 4 warps."""
-_NATIVE_DECODE_SCHEDULE = NumericsContract()
-"""Split and block sizes of the native paged decode (256 / 32 positions): a schedule, not a contract --
-the native control's bits answer to nothing."""
+_NATIVE_DECODE_SCHEDULE = NumericsContract().replace(
+    attention=dataclasses.replace(NumericsContract().attention, row_sum="tile_reduce"))
+"""Split and block sizes of the native paged decode (256 / 32 positions), its split states folded in
+order, its row sums a plain row reduction (what a serving engine's flash-decoding does): a schedule, not a
+contract -- the native control's bits answer to nothing."""
 
 
 def native_paged_decode(q, k, v, layout: AttentionLayout) -> torch.Tensor:
     """The native control for paged decode on CUDA: split-K flash-decoding straight off the page table,
     as a serving engine's paged kernel runs it (this module's online-softmax kernel with a 16-row, 4-warp
-    tile, splits in parallel when the batch leaves SMs idle, merged in a second launch). Free of the
-    contract's one-tile rule, so its bits differ from prefill's (measured: lab/LOG.md 2026-12-01); no host
+    tile, splits in parallel when the batch leaves SMs idle, merged in a second launch), its row sums a
+    plain row reduction, so its bits differ from prefill's (measured: lab/LOG.md 2026-12-01); no host
     sync, so decode graphs capture it. The masked SDPA over the whole block table (`_native_decode`) stays
     for CPUs and for what this kernel does not cover."""
     if k.stride(-1) != 1 or v.stride() != k.stride():

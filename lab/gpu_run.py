@@ -84,6 +84,8 @@ def _print_tuning(rows: list[dict]) -> None:
             cells.setdefault(r["shape"], []).append((r["median"], r["impl"]))
         if r["op"] == "gemm" and r["metric"] == "same_bits" and r["median"] != 1.0:
             print(f"DIFFERENT BITS: {r['impl']} {r['shape']}")
+        if r["op"] == "attention_tune":
+            print(f"tune attention {r['shape']:44s} {r['impl']:20s} {r['metric']} {r['median']:.3f}")
     for shape, cands in cells.items():
         best = max(cands)
         default = next((r["median"] for r in rows if r["op"] == "gemm" and r["impl"] == "strict"

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from rlkit.contract import NAMES, OPS, V2_NAME, V3_NAME, NumericsContract
+from rlkit.contract import NAMES, OPS, V2_NAME, V4_NAME, NumericsContract
 from rlkit.rollout.engine import EngineConfig
 from rlkit.train.trainer import OptimConfig
 from rlkit.types import DEFAULT_MAX_TOKENS, SamplingParams
@@ -35,7 +35,7 @@ class RunConfig:
     task: str = "arith"
     """arith | gsm8k | dapo"""
     steps: int = 50
-    contract_name: str = V3_NAME
+    contract_name: str = V4_NAME
     """The numerics contract (a released name, rlkit.contract.NAMES; the newest by default). A store
     written before this field existed was made under qwen3-dense-strict-v2 and reads back as that."""
     path: str = "strict"

@@ -23,11 +23,15 @@ Versions. The fingerprint hashes the canonical JSON of the contract in its versi
 changes with any field's value, any op's path, the name, the version, and the field set itself.
 `qwen3-dense-strict-v2` dropped v1's fields that no code read (each had one allowed value) and added
 `logprob.top_p_scan_block` and `gpu.fp_fusion`, which v1's kernels fixed at 1024 and False; the kernels
-compute the same bits under both. `qwen3-dense-strict-v3` (the default) adds `gemm.column_k_chunks`: the
+compute the same bits under both. `qwen3-dense-strict-v3` adds `gemm.column_k_chunks`: the
 K-chunk tree stays only where tensor parallelism splits K (the row-parallel o_proj and down_proj); the
 column-parallel layers and the lm_head, whose K is never split across ranks, sum K in one fp32 chain
 (column_k_chunks = 1), which every layout invariance allows and which runs at cuBLAS speed on the GPU
-(lab/KERNELS_NOTES.md). Its bits differ from v2's in those layers. Older versions stay selectable
+(lab/KERNELS_NOTES.md). Its bits differ from v2's in those layers. `qwen3-dense-strict-v4` (the default)
+adds `attention.split_merge` and `attention.row_sum`: split states fold in split order (no merge stack)
+and a block's probabilities are summed by the matrix unit that computes p.V, so the attention kernel
+may run a small tile in decode and a large one in prefill and still give every mode the same bits.
+Its attention bits differ from v3's; everything else is v3's. Older versions stay selectable
 (`NumericsContract.named(...)`): each serializes its own field set and keeps the fingerprints its runs
 recorded (v1: b8dbda3e304b4df3, all strict). A run's records are compared only with records of the same
 fingerprint, so runs of two versions are never compared (`rlkit.divergence.check_fingerprints` names both
@@ -144,8 +148,8 @@ class AttentionSpec(_Section):
     """Causal GQA attention; the same schedule for varlen prefill, chunked prefill and paged decode.
 
     Fixed by the structure: scores = (q.k) * head_dim**-0.5 in fp32; q.k over head_dim and p.V over a
-    block are fp32 pairwise trees; split states (max, sum, unnormalized output) merge through their
-    log-sum-exp in a pairwise tree over split index, a split with no visible key an exact pass-through."""
+    block are fp32 sums (pairwise trees in the reference, the tensor cores' k order on the GPU); a split
+    with no visible key is an exact pass-through when split states merge."""
 
     split_size: int = 256
     """KV positions [s*split, (s+1)*split) form split s. A query at position p uses splits 0..p//split,
@@ -153,6 +157,17 @@ class AttentionSpec(_Section):
     block_size: int = 32
     """Inside a split, keys are consumed in blocks of this many positions, in order, by an online softmax.
     Blocks are aligned to absolute positions, so a query sees the same blocks in every mode."""
+    split_merge: str = "sequential"
+    """Version 4: how split states (max, sum, unnormalized output) merge through their log-sum-exp.
+    "sequential": folded into one running state in split order, ((s0 + s1) + s2) + ..., so a prefill
+    holds two states, never a stack. "pairwise_tree" (versions 1-3): the canonical pairwise tree over
+    split index, which a kernel evaluates with a stack of up to log2(splits) states."""
+    row_sum: str = "tensor_core"
+    """Version 4: how a block's probabilities p enter the running sum. "tensor_core": p rounded to the
+    value dtype (as p.V uses it) times a column of ones, accumulated in fp32 by the same matrix unit as
+    p.V, so its order is the unit's and not the tile's: a kernel may pick its tile per mode (decode a
+    16-row tile, prefill a larger one). "tile_reduce" (versions 1-3): an fp32 row reduction of p, whose
+    order follows the tile's register layout, so every mode must run one and the same tile."""
 
     def validate(self) -> None:
         _positive_int("attention.split_size", self.split_size)
@@ -161,6 +176,8 @@ class AttentionSpec(_Section):
             raise ContractError(
                 "attention.split_size", self.split_size,
                 f"a multiple of attention.block_size ({self.block_size})")
+        _one_of("attention.split_merge", self.split_merge, ("sequential", "pairwise_tree"))
+        _one_of("attention.row_sum", self.row_sum, ("tensor_core", "tile_reduce"))
 
 
 @dataclass(frozen=True)
@@ -227,8 +244,9 @@ _SECTIONS = {
 V1_NAME = "qwen3-dense-strict-v1"
 V2_NAME = "qwen3-dense-strict-v2"
 V3_NAME = "qwen3-dense-strict-v3"
-VERSIONS = (1, 2, 3)
-NAMES = {V3_NAME: 3, V2_NAME: 2, V1_NAME: 1}
+V4_NAME = "qwen3-dense-strict-v4"
+VERSIONS = (1, 2, 3, 4)
+NAMES = {V4_NAME: 4, V3_NAME: 3, V2_NAME: 2, V1_NAME: 1}
 """Every released contract, newest (the default) first, with its version."""
 
 V1_FIXED: dict[str, dict[str, str]] = {
@@ -248,6 +266,7 @@ JSON, and its fingerprint, are what v1 stores hold."""
 ADDED_IN: dict[int, dict[str, dict[str, Any]]] = {
     2: {"logprob": {"top_p_scan_block": 1024}, "gpu": {"fp_fusion": False}},
     3: {"gemm": {"column_k_chunks": None}},
+    4: {"attention": {"split_merge": "pairwise_tree", "row_sum": "tile_reduce"}},
 }
 """Fields each version added, with the one value a contract of an earlier version has (what its kernels
 did): an earlier version does not write them and accepts no other value."""
@@ -267,10 +286,10 @@ def absent_fields(version: int) -> dict[str, dict[str, Any]]:
 class NumericsContract:
     """A named, versioned, frozen numerics contract. Build with `default()` and derive with `with_ops`."""
 
-    name: str = V3_NAME
-    version: int = 3
-    """The structure of the fields: 1 (the v1 field set, V1_FIXED included), 2 (without
-    gemm.column_k_chunks) or 3 (this class's fields)."""
+    name: str = V4_NAME
+    version: int = 4
+    """The structure of the fields: 1 (the v1 field set, V1_FIXED included), 2, 3 or 4 (this class's
+    fields); ADDED_IN says which fields each version added."""
     paths: OpPaths = field(default_factory=OpPaths)
     gemm: GemmSpec = field(default_factory=GemmSpec)
     attention: AttentionSpec = field(default_factory=AttentionSpec)
@@ -284,7 +303,7 @@ class NumericsContract:
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def default(cls) -> "NumericsContract":
-        """`qwen3-dense-strict-v3` with every op on the strict path."""
+        """`qwen3-dense-strict-v4` with every op on the strict path."""
         return cls()
 
     @classmethod

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_default_is_named_versioned_and_all_strict():
     c = NumericsContract.default()
-    assert c.name == "qwen3-dense-strict-v3"
-    assert c.version == 3
+    assert c.name == "qwen3-dense-strict-v4"
+    assert c.version == 4
     assert c.all_strict
     assert all(c.path(op) == "strict" for op in OPS)
 
@@ -62,11 +62,28 @@ def test_v2_keeps_its_fingerprint_and_has_no_column_chunks():
 
 
 def test_v3_sums_k_in_one_chain_except_where_tensor_parallelism_splits_it():
-    v3 = NumericsContract.default()
+    v3 = NumericsContract.named("qwen3-dense-strict-v3")
     assert v3.gemm.k_chunks == 4 and v3.gemm.column_k_chunks == 1
     assert json.loads(v3.to_json())["gemm"]["column_k_chunks"] == 1
+    assert v3.fingerprint() == "4ad5da738c5d861c"  # what v3 runs recorded (the golden run of 2026-12-01)
     assert len({NumericsContract.named(n).fingerprint() for n in
-                ("qwen3-dense-strict-v1", "qwen3-dense-strict-v2", "qwen3-dense-strict-v3")}) == 3
+                ("qwen3-dense-strict-v1", "qwen3-dense-strict-v2", "qwen3-dense-strict-v3",
+                 "qwen3-dense-strict-v4")}) == 4
+
+
+def test_v4_folds_split_states_in_order_and_sums_p_on_the_matrix_unit():
+    """v4 adds attention.split_merge and attention.row_sum; v3 neither writes them nor accepts other
+    values than what its kernels did (the pairwise tree, the tile's row reduction)."""
+    v4, v3 = NumericsContract.default(), NumericsContract.named("qwen3-dense-strict-v3")
+    assert (v4.attention.split_merge, v4.attention.row_sum) == ("sequential", "tensor_core")
+    assert (v3.attention.split_merge, v3.attention.row_sum) == ("pairwise_tree", "tile_reduce")
+    assert "split_merge" not in json.loads(v3.to_json())["attention"]
+    assert json.loads(v4.to_json())["attention"]["split_merge"] == "sequential"
+    assert (v4.gemm, v4.logprob, v4.rms_norm, v4.gpu) == (v3.gemm, v3.logprob, v3.rms_norm, v3.gpu)
+    with pytest.raises(ContractError, match="version 3 fixes it"):
+        v3.replace(attention=AttentionSpec(split_merge="pairwise_tree"))  # row_sum defaults to v4's
+    back = NumericsContract.from_json(v3.to_json())
+    assert back == v3 and back.fingerprint() == v3.fingerprint()
 
 
 def test_from_fingerprint_finds_released_contracts_only():
@@ -143,13 +160,15 @@ def test_json_round_trip_keeps_every_field():
     (lambda: RmsNormSpec(weight_multiply="bfloat16"), "rms_norm.weight_multiply", "model_dtype | float32"),
     (lambda: GpuSpec(fp_fusion=True), "gpu.fp_fusion", "False"),
     (lambda: NumericsContract(name=""), "name", "non-empty"),
-    (lambda: NumericsContract(version=4), "version", "1 | 2 | 3"),
-    (lambda: NumericsContract.from_json('{"version": 7}'), "version", "1 | 2 | 3"),
+    (lambda: NumericsContract(version=5), "version", "1 | 2 | 3 | 4"),
+    (lambda: NumericsContract.from_json('{"version": 7}'), "version", "1 | 2 | 3 | 4"),
+    (lambda: AttentionSpec(split_merge="stack"), "attention.split_merge", "sequential | pairwise_tree"),
+    (lambda: AttentionSpec(row_sum="warp"), "attention.row_sum", "tensor_core | tile_reduce"),
     (lambda: NumericsContract.from_json('{"version": 2, "gemm": {"column_k_chunks": 1}}'),
      "gemm.column_k_chunks", "k_chunks"),
     (lambda: NumericsContract(version=0), "version", "positive"),
     (lambda: NumericsContract(gemm="fast"), "gemm", "GemmSpec"),
-    (lambda: NumericsContract.named("qwen3-dense-fast"), "name", "qwen3-dense-strict-v3"),
+    (lambda: NumericsContract.named("qwen3-dense-fast"), "name", "qwen3-dense-strict-v4"),
     # version 1 fixes the scan block it never wrote, and its written-but-unread fields to their one value
     (lambda: NumericsContract.v1().replace(logprob=LogprobSpec(top_p_scan_block=512)),
      "logprob.top_p_scan_block", "version 1 fixes it"),
@@ -197,7 +216,7 @@ def test_records_of_different_contracts_are_never_compared():
     msg = str(err.value)
     assert "\n" not in msg and "refusing to compare" in msg
     assert "b8dbda3e304b4df3 (qwen3-dense-strict-v1 v1, all strict)" in msg
-    assert f"{v2.with_ops(attention='native').fingerprint()} (qwen3-dense-strict-v3 v3, native attention)" in msg
+    assert f"{v2.with_ops(attention='native').fingerprint()} (qwen3-dense-strict-v4 v4, native attention)" in msg
     with pytest.raises(FingerprintMismatch, match="rollout contract 0123456789abcdef != trainer"):
         check_fingerprints("0123456789abcdef", v2.fingerprint())
 

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from rlkit.contract import V1_NAME, V2_NAME, V3_NAME, NumericsContract
+from rlkit.contract import V1_NAME, V2_NAME, V3_NAME, V4_NAME, NumericsContract
 from rlkit.kernels import _triton as _tr
 from rlkit.kernels import attention, gemm, logprob, rms_norm, rope, swiglu
 from rlkit.model.config import MODEL_PRESETS, Qwen3Config
@@ -35,7 +35,7 @@ KERNEL_MODULES = {"gemm": gemm, "attention": attention, "logprob": logprob, "rms
                   "rope": rope, "swiglu": swiglu}
 """op -> the kernels/ module holding its Triton kernels (collectives and tree have none: torch only)."""
 
-CONTRACTS = (V3_NAME, V2_NAME, V1_NAME)
+CONTRACTS = (V4_NAME, V3_NAME, V2_NAME, V1_NAME)
 """Released contracts whose strict kernels are compiled (identical requests are compiled once)."""
 
 GEMM_TOKENS = tuple(2 ** i for i in range(14))
@@ -278,12 +278,9 @@ def _attention(col: _Collector, cfg: Qwen3Config, contract: NumericsContract, dt
 
 def _attention_requests(plan: dict, q_shape, k, contract: NumericsContract, dtype: torch.dtype):
     """The kernel calls attention.launch makes for `plan`."""
-    spec = contract.attention
     t, heads, d = q_shape
     page, stride_kt, stride_ks, stride_kh, stride_bt = plan["k_strides"]
-    common = dict(GROUP=plan["group"], BM=plan["block_m"], BN=spec.block_size, SPLIT=spec.split_size, D=d,
-                  PAGED=plan["paged"], NSLOTS=plan["nslots"], IEEE=dtype == torch.float32,
-                  num_warps=plan["num_warps"], **_tr.launch_options(contract))
+    common = attention.kernel_meta(plan, contract, dtype)
     i32, f32 = _t(torch.int32), _t(torch.float32)
     tensors = (_t(dtype), _t(dtype), _t(dtype), _t(dtype), f32, f32)
     args = tensors + (i32,) * 7 + (heads * d, d, stride_kt, stride_ks, stride_kh, stride_bt, page, heads,

@@ -161,12 +161,30 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False)
 
 
 # -- attention ----------------------------------------------------------------------------------------
-def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 64), contexts=(1024, 8192)) -> None:
+ATTENTION_PREFILL_TILES = ((64, 4), (64, 8), (128, 4), (128, 8))
+"""Prefill tiles (rows, warps) timed with --tune under v4, where the tile is a plan (every one gives the
+default's bits: tests/gpu/test_kernels_gpu.py::test_attention_every_decode_position_equals_prefill)."""
+
+
+def _attention_contracts():
+    """Contracts timed beside the default with --tune: v3 (one 64-row tile, the pairwise merge) and v4
+    with 64-key blocks (a candidate for a later version: the block size moves bits)."""
+    import dataclasses
+
+    from rlkit import NumericsContract
+    c = NumericsContract.default()
+    return {"strict_v3": NumericsContract.named("qwen3-dense-strict-v3"),
+            "strict_v4_block64": c.replace(attention=dataclasses.replace(c.attention, block_size=64))}
+
+
+def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 64), contexts=(1024, 8192),
+                    tune: bool = False) -> None:
     from rlkit import NumericsContract
     from rlkit.kernels import attention
     from rlkit.types import AttentionLayout
 
     c = NumericsContract.default()
+    others = _attention_contracts() if tune else {}
     compiled: dict = {}  # attention mode -> the last Launch of that mode (registers, spills)
     h, g, d = 32, 8, 128
     for s in seqlens:
@@ -186,6 +204,14 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
             rec.add("attention", impl, shape, "ms", t)
             rec.add("attention", impl, shape, "TFLOP/s", flops / t / 1e9)
         rec.add("attention", "strict", shape, "ratio_vs_native", t_nat / t_str)
+        for tile in ATTENTION_PREFILL_TILES if tune else ():
+            tplan = attention.attention_plan(q.shape, k, lay, c, tile=tile)
+            t = _bench(lambda: attention.launch(tplan, q, k, v, c))
+            rec.add("attention_tune", f"tile{tile[0]}x{tile[1]}", shape, "ratio_vs_native", t_nat / t)
+        for name, oc in others.items():
+            oplan = attention.attention_plan(q.shape, k, lay, oc)
+            t = _bench(lambda: attention.launch(oplan, q, k, v, oc))
+            rec.add("attention_tune", name, shape, "ratio_vs_native", t_nat / t)
     page = 16
     for b in batches:
         for ctx in contexts:
@@ -220,6 +246,10 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
                 rec.add("paged_decode", name, shape, "fraction_of_hbm_limit", kv_bytes / HBM_BYTES_PER_S / (t / 1e3))
             rec.add("paged_decode", "strict", shape, "ratio_vs_native", t_nat / t_str)
             rec.add("paged_decode", "strict", shape, "ratio_vs_native_paged", t_paged / t_str)
+            for name, oc in others.items():
+                oplan = attention.attention_plan(q.shape, kc, lay, oc)
+                t = _bench(lambda: attention.launch(oplan, q, kc, vc, oc))
+                rec.add("attention_tune", name, shape, "ratio_vs_native_paged", t_paged / t)
             del kc, vc, kg, vg
     for mode, ln in compiled.items():
         rec.add("attention", f"strict_{mode}", "last compiled", "registers", ln.registers)
@@ -428,7 +458,7 @@ def run(out_dir: str | Path, quick: bool = False, tune: bool = False, parts=("ge
     started = time.time()
     steps = {
         "gemm": lambda: bench_gemm(rec, ms=(1, 64, 1024) if quick else GEMM_M, tune=tune),
-        "attention": lambda: bench_attention(rec, seqlens=(1024,) if quick else (1024, 4096, 16384)),
+        "attention": lambda: bench_attention(rec, seqlens=(1024,) if quick else (1024, 4096, 16384), tune=tune),
         "logprob": lambda: bench_logprob(rec, ms=(1, 1024) if quick else (1, 64, 1024, 4096)),
         "rowwise": lambda: bench_rowwise(rec),
         "engine": lambda: bench_engine_steps(rec, steps=ENGINE_STEPS[:1] if quick else ENGINE_STEPS),

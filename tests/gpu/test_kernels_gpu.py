@@ -9,8 +9,9 @@ bitwise invariance with none. Sizes are chosen either side of every launch thres
   chunks split over C programs when even 64x64 tiles leave SMs idle. Every M in M_SWEEP below is
   compared with the same rows inside a batch of 4096, and every launch configuration (TMA and the
   pointer-load kernels) with every other.
-- attention: split 256 / block 32 boundaries (255, 256, 257, 511, 512, 513 keys), 64-row tiles, fused
-  vs split-parallel decode.
+- attention: split 256 / block 32 boundaries (255, 256, 257, 511, 512, 513 keys), fused vs
+  split-parallel decode; every decode position of two sequences against their prefill, under v4 (its
+  16-row decode tile, several prefill tiles) and v3 (one 64-row tile).
 """
 
 import pytest
@@ -261,6 +262,44 @@ def test_attention_prefill_chunked_decode_agree(n):
         for mode in ("fused", "split"):
             out = cache.attend(torch.cat([a[0][p : p + 1], b[0][299:300]]), ["a", "b"], [1, 1], [p + 1, 300], mode)
             assert_bitwise_equal(out[:1], alone[p : p + 1], f"decode at {p} ({mode}) of {n}")
+
+
+V3 = NumericsContract.named("qwen3-dense-strict-v3")
+
+
+@pytest.mark.parametrize("contract", [C, V3], ids=["v4", "v3"])
+@pytest.mark.parametrize("group", [2, 4])
+def test_attention_every_decode_position_equals_prefill(contract, group):
+    """Every position of two sequences (700 and 1300 tokens, both sides of splits 256..1024) decoded in
+    one paged decode batch (v4: the 16-row decode tile; v3: the 64-row tile), fused and split-parallel,
+    against the same rows of their prefill; under v4 also every candidate prefill tile against the
+    default. group = query heads per KV head: 2 (qwen3-0.6b / 1.7b) and 4 (qwen3-8b)."""
+    heads = G * group
+    cache = Paged(pages=260)
+    seqs = {}
+    for sid, n, seed in (("a", 700, 80), ("b", 1300, 81)):
+        q, k, v = randn(n, heads, D, seed=seed), randn(n, G, D, seed=seed + 1), randn(n, G, D, seed=seed + 2)
+        seqs[sid] = (q, k, v)
+        cache.write(sid, 0, k, v)
+    full = {sid: attention.triton_attention(q, k, v, AttentionLayout.prefill(torch.tensor([0, len(q)], device=DEV)),
+                                            contract) for sid, (q, k, v) in seqs.items()}
+    if contract is C:
+        for tile in ((16, 4), (32, 4), (64, 4), (128, 8)):
+            for sid, (q, k, v) in seqs.items():
+                lay = AttentionLayout.prefill(torch.tensor([0, len(q)], device=DEV))
+                plan = attention.attention_plan(q.shape, k, lay, contract, tile=tile)
+                assert_bitwise_equal(attention.launch(plan, q, k, v, contract)[0], full[sid],
+                                     f"prefill tile {tile} vs the default tile ({sid})")
+    rows = [(sid, p) for sid, (q, _, _) in seqs.items() for p in range(len(q))]
+    width = max(len(t) for t in cache.tables.values())
+    bt = torch.tensor([cache.tables[sid] + [0] * (width - len(cache.tables[sid])) for sid, _ in rows], device=DEV)
+    lens = torch.tensor([p + 1 for _, p in rows], device=DEV)
+    q = torch.cat([seqs[sid][0][p : p + 1] for sid, p in rows])
+    want = torch.cat([full[sid][p : p + 1] for sid, p in rows])
+    lay = AttentionLayout.paged_decode(lens, bt)
+    for mode in ("fused", "split"):
+        assert_bitwise_equal(attention.triton_attention(q, cache.k, cache.v, lay, contract, mode), want,
+                             f"{len(rows)} decode positions ({mode}) vs prefill")
 
 
 def test_attention_native_decode_differs_from_prefill():

@@ -182,24 +182,51 @@ def test_row_cumsum_is_close_and_row_invariant():
 
 # -- attention ----------------------------------------------------------------------------------------
 SMALL_ATT = C.replace(attention=AttentionSpec(split_size=64, block_size=16))
+SMALL_ATT_V3 = NumericsContract.named("qwen3-dense-strict-v3").replace(
+    attention=AttentionSpec(split_size=64, block_size=16, split_merge="pairwise_tree", row_sum="tile_reduce"))
+ATT_CONTRACTS = {"v4": SMALL_ATT, "v3": SMALL_ATT_V3}
 H, KVH, D = 4, 2, 32
 
 
-def test_attention_close_to_reference():
-    """Real-valued inputs: the online softmax, the split states and their merge are close to the reference
-    (150 tokens cross two split (64) and nine block (16) boundaries, beside a 37-token neighbour)."""
+@pytest.mark.parametrize("version", ATT_CONTRACTS)
+def test_attention_close_to_reference(version):
+    """Real-valued inputs: the online softmax, the split states and their merge (v4: folded in order; v3:
+    the pairwise tree) are close to the reference (150 tokens cross two split (64) and nine block (16)
+    boundaries, beside a 37-token neighbour)."""
     warnings.filterwarnings("ignore")
     from rlkit.kernels import attention
     from rlkit.types import AttentionLayout
+    contract = ATT_CONTRACTS[version]
     gen = g(16)
     q, k, v = (torch.randn(187, h, D, generator=gen) for h in (H, KVH, KVH))
     lay = AttentionLayout.prefill(torch.tensor([0, 37, 187]))
-    ref = attention.reference(q, k, v, lay, SMALL_ATT)
+    ref = attention.reference(q, k, v, lay, contract)
     for mode in ("fused", "split"):
-        assert rel(attention.triton_attention(q, k, v, lay, SMALL_ATT, mode=mode), ref) < 1e-6, mode
+        assert rel(attention.triton_attention(q, k, v, lay, contract, mode=mode), ref) < 1e-6, mode
 
 
-def test_attention_modes_layouts_and_pages_agree():
+def test_attention_v4_tiles_cover_the_same_queries():
+    """Under v4 a plan may pick its tile: 16-row / 4-warp, 32-row and 64-row tiles must map every query
+    (tile starts, row masks, split counts per tile). Exact inputs (q = 0, integer values): every tile must
+    give the causal means, bit for bit, in prefill and in decode."""
+    warnings.filterwarnings("ignore")
+    from rlkit.kernels import attention
+    from rlkit.types import AttentionLayout
+    q, k, v = torch.zeros(150, H, D), exact(150, KVH, D, seed=22), exact(150, KVH, D, seed=23)
+    lay = AttentionLayout.prefill(torch.tensor([0, 150]))
+    expected = (v.cumsum(0) / torch.arange(1, 151).view(-1, 1, 1)).repeat_interleave(H // KVH, dim=1)
+    for tile in ((16, 4), (32, 4), (64, 8)):
+        for mode in ("fused", "split"):
+            plan = attention.attention_plan(q.shape, k, lay, SMALL_ATT, mode, tile=tile)
+            out, _ = attention.launch(plan, q, k, v, SMALL_ATT)
+            assert_bitwise_equal(out, expected, f"tile {tile} ({mode})")
+    assert attention.tile_for(SMALL_ATT, True, 2) == attention.DECODE_TILE
+    assert attention.tile_for(SMALL_ATT, False, 2) == attention.PREFILL_TILE
+    assert attention.tile_for(SMALL_ATT_V3, True, 2) == (attention.BLOCK_M, attention.NUM_WARPS)
+
+
+@pytest.mark.parametrize("version", ATT_CONTRACTS)
+def test_attention_modes_layouts_and_pages_agree(version):
     """Which keys each query sees, page tables, split/block boundaries, chunked prefill, decode.
 
     Exact inputs: q = 0 makes every visible score 0, so each softmax weight is exp(0) = 1 and a query's
@@ -210,18 +237,19 @@ def test_attention_modes_layouts_and_pages_agree():
     warnings.filterwarnings("ignore")
     from rlkit.kernels import attention
     from rlkit.kernels.attention import AttentionLayout
+    contract = ATT_CONTRACTS[version]
     gen = g(17)
     a = (torch.zeros(150, H, D), exact(150, KVH, D, seed=18), exact(150, KVH, D, seed=19))
     b = (torch.zeros(37, H, D), exact(37, KVH, D, seed=20), exact(37, KVH, D, seed=21))
     q, k, v = (torch.cat([b[i], a[i]]) for i in range(3))
     lay = AttentionLayout.prefill(torch.tensor([0, 37, 187]))
-    out = attention.triton_attention(q, k, v, lay, SMALL_ATT, mode="fused")
+    out = attention.triton_attention(q, k, v, lay, contract, mode="fused")
     visible = torch.cat([v[:37].cumsum(0) / torch.arange(1, 38).view(-1, 1, 1),
                          v[37:].cumsum(0) / torch.arange(1, 151).view(-1, 1, 1)])  # causal mean per sequence
     expected = visible.repeat_interleave(H // KVH, dim=1)
     assert rel(out, expected) < 1e-6, "outputs are not the causal means of the values (a mask is wrong)"
-    assert_bitwise_equal(attention.triton_attention(q, k, v, lay, SMALL_ATT, mode="split"), out, "split vs fused")
-    alone = attention.triton_attention(*a, AttentionLayout.prefill(torch.tensor([0, 150])), SMALL_ATT)
+    assert_bitwise_equal(attention.triton_attention(q, k, v, lay, contract, mode="split"), out, "split vs fused")
+    alone = attention.triton_attention(*a, AttentionLayout.prefill(torch.tensor([0, 150])), contract)
     assert_bitwise_equal(out[37:], alone, "packed beside a neighbour vs alone")
     page, pages = 8, torch.randperm(40, generator=gen)
     kc = torch.full((40, page, KVH, D), float("nan"))
@@ -233,10 +261,10 @@ def test_attention_modes_layouts_and_pages_agree():
     for p in (0, 63, 64, 127, 128, 149):
         lay = AttentionLayout.paged(torch.tensor([1]), torch.tensor([p + 1]), table)
         for mode in ("fused", "split"):
-            assert_bitwise_equal(attention.triton_attention(a[0][p : p + 1], kc, vc, lay, SMALL_ATT, mode),
+            assert_bitwise_equal(attention.triton_attention(a[0][p : p + 1], kc, vc, lay, contract, mode),
                                  alone[p : p + 1], f"decode at {p} ({mode})")
     lay = AttentionLayout.paged(torch.tensor([70]), torch.tensor([130]), table)
-    assert_bitwise_equal(attention.triton_attention(a[0][60:130], kc, vc, lay, SMALL_ATT), alone[60:130],
+    assert_bitwise_equal(attention.triton_attention(a[0][60:130], kc, vc, lay, contract), alone[60:130],
                          "chunked prefill of [60, 130)")
 
 
