@@ -280,7 +280,7 @@ the split-tree stack of a 16k-token prefill (7 states) stays mostly in registers
 DECODE_TILE = (16, 4)
 """v4, a decode batch (one query a sequence): 16 rows (a KV head's query group, padded) and 4 warps, a
 quarter of the prefill tile's registers; the SMs stream keys instead of idling on padding rows."""
-PREFILL_TILE = (64, 8)
+PREFILL_TILE = (64, 4)
 """v4, every other batch (prefill, chunked prefill, decode beside a prefill chunk): (rows, warps)."""
 MAX_SLOTS = 8
 """Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
@@ -609,7 +609,7 @@ NATIVE_DECODE_TILE = DECODE_TILE
 """The native control's decode tile: 16 rows (a KV head's query group, padded), 4 warps."""
 _NATIVE_DECODE_SCHEDULE = NumericsContract().replace(
     attention=dataclasses.replace(NumericsContract().attention, row_sum="tile_reduce"))
-"""Split and block sizes of the native paged decode (256 / 32 positions), its split states folded in
+"""Split and block sizes of the native paged decode (the default contract's: 256 / 64 positions), its split states folded in
 order, its row sums a plain row reduction (what a serving engine's flash-decoding does): a schedule, not a
 contract -- the native control's bits answer to nothing."""
 

@@ -30,7 +30,8 @@ column-parallel layers and the lm_head, whose K is never split across ranks, sum
 (lab/KERNELS_NOTES.md). Its bits differ from v2's in those layers. `qwen3-dense-strict-v4` (the default)
 adds `attention.split_merge` and `attention.row_sum`: split states fold in split order (no merge stack)
 and a block's probabilities are summed by the matrix unit that computes p.V, so the attention kernel
-may run a small tile in decode and a large one in prefill and still give every mode the same bits.
+may run a small tile in decode and a large one in prefill and still give every mode the same bits; its
+key blocks are 64 positions (32 before).
 Its attention bits differ from v3's; everything else is v3's. Older versions stay selectable
 (`NumericsContract.named(...)`): each serializes its own field set and keeps the fingerprints its runs
 recorded (v1: b8dbda3e304b4df3, all strict). A run's records are compared only with records of the same
@@ -154,9 +155,10 @@ class AttentionSpec(_Section):
     split_size: int = 256
     """KV positions [s*split, (s+1)*split) form split s. A query at position p uses splits 0..p//split,
     whether it is computed in a prefill, a chunked prefill or a decode step."""
-    block_size: int = 32
+    block_size: int = 64
     """Inside a split, keys are consumed in blocks of this many positions, in order, by an online softmax.
-    Blocks are aligned to absolute positions, so a query sees the same blocks in every mode."""
+    Blocks are aligned to absolute positions, so a query sees the same blocks in every mode. 64 from
+    version 4 (32 before: CHANGED_IN)."""
     split_merge: str = "sequential"
     """Version 4: how split states (max, sum, unnormalized output) merge through their log-sum-exp.
     "sequential": folded into one running state in split order, ((s0 + s1) + s2) + ..., so a prefill
@@ -272,6 +274,14 @@ ADDED_IN: dict[int, dict[str, dict[str, Any]]] = {
 did): an earlier version does not write them and accepts no other value."""
 
 
+CHANGED_IN: dict[int, dict[str, dict[str, Any]]] = {
+    4: {"attention": {"block_size": 32}},
+}
+"""Defaults a version changed, with the value every earlier version has: {version: {section: {field:
+earlier value}}}. Every version writes these fields, so stores read back unchanged; `named()` builds an
+earlier version with its own values."""
+
+
 def absent_fields(version: int) -> dict[str, dict[str, Any]]:
     """{section: {field: fixed value}} of every field a contract of `version` does not have."""
     out: dict[str, dict[str, Any]] = {}
@@ -318,8 +328,13 @@ class NumericsContract:
         if name not in NAMES:
             raise ContractError("name", name, " | ".join(NAMES))
         version = NAMES[name]
+        defaults = absent_fields(version)
+        for changed, fields_by_section in sorted(CHANGED_IN.items(), reverse=True):
+            if changed > version:
+                for section, fields in fields_by_section.items():
+                    defaults.setdefault(section, {}).update(fields)
         sections = {section: dataclasses.replace(_SECTIONS[section](), **fields)
-                    for section, fields in absent_fields(version).items()}
+                    for section, fields in defaults.items()}
         return cls(name=name, version=version, **sections)
 
     @classmethod
