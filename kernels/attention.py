@@ -280,8 +280,9 @@ the split-tree stack of a 16k-token prefill (7 states) stays mostly in registers
 DECODE_TILE = (16, 4)
 """v4, a decode batch (one query a sequence): 16 rows (a KV head's query group, padded) and 4 warps, a
 quarter of the prefill tile's registers; the SMs stream keys instead of idling on padding rows."""
-PREFILL_TILE = (64, 4)
-"""v4, every other batch (prefill, chunked prefill, decode beside a prefill chunk): (rows, warps)."""
+PREFILL_TILE = (128, 8)
+"""v4, every other batch (prefill, chunked prefill, decode beside a prefill chunk): (rows, warps). Measured
+on the H200 against 64x4, 64x8 and 128x4 (lab/LOG.md 2026-12-01 session 3): 128 rows, two warpgroups."""
 MAX_SLOTS = 8
 """Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
 
@@ -505,11 +506,12 @@ def tile_for(contract: NumericsContract, decode: bool, group: int) -> tuple[int,
 
 
 def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContract, mode: str | None = None,
-                   tile: tuple[int, int] | None = None):
+                   tile: tuple[int, int] | None = None, stages: int | None = None):
     """Host-side preparation of a launch (tile map, split count, strides): reusable while the layout is.
     `tile` (rows, warps): None = `tile_for(contract, ...)`; the benchmarks, the tests (every tile gives
-    the same bits under v4) and the native control's paged decode pass their own."""
-    key = (tuple(q_shape), tuple(k.shape), tuple(k.stride()), contract.attention, mode, str(k.device), tile)
+    the same bits under v4) and the native control's paged decode pass their own. `stages`: the
+    software pipeline's depth over the key blocks (None: Triton's default); it moves no bit."""
+    key = (tuple(q_shape), tuple(k.shape), tuple(k.stride()), contract.attention, mode, str(k.device), tile, stages)
     hit = _PLAN_CACHE.get(layout)
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -563,6 +565,7 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
                 else "fused")
     plan["mode"] = mode
     plan["block_m"], plan["num_warps"] = tile
+    plan["num_stages"] = stages
     _PLAN_CACHE[layout] = (key, plan)
     return plan
 
@@ -573,7 +576,8 @@ def kernel_meta(plan: dict, contract: NumericsContract, dtype: torch.dtype) -> d
     return dict(GROUP=plan["group"], BM=plan["block_m"], BN=spec.block_size, SPLIT=spec.split_size, D=plan["d"],
                 PAGED=plan["paged"], NSLOTS=plan["nslots"], IEEE=dtype == torch.float32,
                 ROW_SUM_MMA=spec.row_sum == "tensor_core", SEQ_MERGE=spec.split_merge == "sequential",
-                num_warps=plan["num_warps"], **_tr.launch_options(contract))
+                num_warps=plan["num_warps"], **({"num_stages": plan["num_stages"]} if plan["num_stages"] else {}),
+                **_tr.launch_options(contract))
 
 
 def launch(plan: dict, q, k, v, contract: NumericsContract) -> tuple[torch.Tensor, list[_tr.Launch]]:

@@ -168,13 +168,16 @@ default's bits: tests/gpu/test_kernels_gpu.py::test_attention_every_decode_posit
 
 def _attention_contracts():
     """Contracts timed beside the default with --tune: v3 (one 64-row tile, the pairwise merge, 32-key
-    blocks) and v4 with 32-key blocks (what v4's 64-key blocks gain)."""
+    blocks), v4 with 32-key blocks (what v4's 64-key blocks gain) and with longer splits (fewer restarts of
+    the online softmax in prefill, fewer parallel programs in a small decode batch)."""
     import dataclasses
 
     from rlkit import NumericsContract
     c = NumericsContract.default()
     return {"strict_v3": NumericsContract.named("qwen3-dense-strict-v3"),
-            "strict_v4_block32": c.replace(attention=dataclasses.replace(c.attention, block_size=32))}
+            "strict_v4_block32": c.replace(attention=dataclasses.replace(c.attention, block_size=32)),
+            "strict_v4_split512": c.replace(attention=dataclasses.replace(c.attention, split_size=512)),
+            "strict_v4_split1024": c.replace(attention=dataclasses.replace(c.attention, split_size=1024))}
 
 
 def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 64), contexts=(1024, 8192),
@@ -209,6 +212,10 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
                 tplan = attention.attention_plan(q.shape, k, lay, tc, tile=tile)
                 t = _bench(lambda: attention.launch(tplan, q, k, v, tc))
                 rec.add("attention_tune", f"tile{tile[0]}x{tile[1]}{name}", shape, "ratio_vs_native", t_nat / t)
+        for stages in (2, 3, 4) if tune else ():
+            splan = attention.attention_plan(q.shape, k, lay, c, stages=stages)
+            t = _bench(lambda: attention.launch(splan, q, k, v, c))
+            rec.add("attention_tune", f"stages{stages}", shape, "ratio_vs_native", t_nat / t)
         for name, oc in others.items():
             oplan = attention.attention_plan(q.shape, k, lay, oc)
             t = _bench(lambda: attention.launch(oplan, q, k, v, oc))
@@ -416,9 +423,16 @@ def render(rows: list[dict]) -> str:
     """BENCHMARKS.md from the rows: each table only reads them."""
     if not rows:
         return "# Benchmarks\n\nNo rows.\n"
-    dev, commit = rows[0]["device"], rows[0]["commit"]
+    dev = rows[0]["device"]
+    by_commit: dict[str, list[str]] = {}
+    for r in rows:  # rows of several runs (a part re-run after its kernels changed) name their commits
+        ops = by_commit.setdefault(r["commit"], [])
+        if r["op"] not in ops:
+            ops.append(r["op"])
+    commits = (f"Commit: {rows[0]['commit']}" if len(by_commit) == 1 else
+               "Commits: " + "; ".join(f"{c} ({', '.join(ops)})" for c, ops in by_commit.items()))
     out = ["# Benchmarks: strict Triton kernels vs native", "",
-           f"Device: {dev}. Commit: {commit}. Ratio = native time / strict time (>= 0.9 is the target; "
+           f"Device: {dev}. {commits}. Ratio = native time / strict time (>= 0.9 is the target; "
            "higher is faster). Rendered by `rlkit.bench.kernels.render` from bench.jsonl.", ""]
     out += _render_gemm(rows)
     for op, title in (("attention", "Attention prefill (causal, D=128, 32 q / 8 kv heads) vs SDPA flash"),
