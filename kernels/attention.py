@@ -613,7 +613,7 @@ NATIVE_DECODE_TILE = DECODE_TILE
 """The native control's decode tile: 16 rows (a KV head's query group, padded), 4 warps."""
 _NATIVE_DECODE_SCHEDULE = NumericsContract().replace(
     attention=dataclasses.replace(NumericsContract().attention, row_sum="tile_reduce"))
-"""Split and block sizes of the native paged decode (the default contract's: 256 / 64 positions), its split states folded in
+"""Split and block sizes of the native paged decode (the default contract's: 512 / 64 positions), its split states folded in
 order, its row sums a plain row reduction (what a serving engine's flash-decoding does): a schedule, not a
 contract -- the native control's bits answer to nothing."""
 

@@ -31,7 +31,7 @@ column-parallel layers and the lm_head, whose K is never split across ranks, sum
 adds `attention.split_merge` and `attention.row_sum`: split states fold in split order (no merge stack)
 and a block's probabilities are summed by the matrix unit that computes p.V, so the attention kernel
 may run a small tile in decode and a large one in prefill and still give every mode the same bits; its
-key blocks are 64 positions (32 before).
+key blocks are 64 positions and its splits 512 (32 and 256 before).
 Its attention bits differ from v3's; everything else is v3's. Older versions stay selectable
 (`NumericsContract.named(...)`): each serializes its own field set and keeps the fingerprints its runs
 recorded (v1: b8dbda3e304b4df3, all strict). A run's records are compared only with records of the same
@@ -152,9 +152,10 @@ class AttentionSpec(_Section):
     block are fp32 sums (pairwise trees in the reference, the tensor cores' k order on the GPU); a split
     with no visible key is an exact pass-through when split states merge."""
 
-    split_size: int = 256
+    split_size: int = 512
     """KV positions [s*split, (s+1)*split) form split s. A query at position p uses splits 0..p//split,
-    whether it is computed in a prefill, a chunked prefill or a decode step."""
+    whether it is computed in a prefill, a chunked prefill or a decode step. 512 from version 4 (256
+    before: CHANGED_IN)."""
     block_size: int = 64
     """Inside a split, keys are consumed in blocks of this many positions, in order, by an online softmax.
     Blocks are aligned to absolute positions, so a query sees the same blocks in every mode. 64 from
@@ -275,7 +276,7 @@ did): an earlier version does not write them and accepts no other value."""
 
 
 CHANGED_IN: dict[int, dict[str, dict[str, Any]]] = {
-    4: {"attention": {"block_size": 32}},
+    4: {"attention": {"block_size": 32, "split_size": 256}},
 }
 """Defaults a version changed, with the value every earlier version has: {version: {section: {field:
 earlier value}}}. Every version writes these fields, so stores read back unchanged; `named()` builds an
