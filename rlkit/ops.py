@@ -117,7 +117,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float, max_position: i
     (optional) bounds the positions, so no host code reads them (CUDA graphs)."""
     if _strict("rope"):
         return _rope.strict(x, positions, theta, _ACTIVE.get(), max_position)
-    return _rope.native(x, positions, theta)
+    return _rope.native(x, positions, theta, max_position)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
