@@ -159,13 +159,12 @@ def native(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, 
     return native_from_logits(native_logits(hidden, weight), token_ids, contract, params)
 
 
-def _chunk_scores(hidden, weight, token_ids, contract, params):
-    """One chunk: (processed) fp32 logits z [rows, vocab] and logprob = z[t] - logsumexp(z)."""
+def _chunk_logits(hidden, weight, contract, params):
+    """One chunk's fp32 logits [rows, vocab], processed by `params` (removed entries -inf)."""
     z = native_logits(hidden, weight)
     if params is not None and not params.is_identity:
         z = process_logits(z, params, contract)
-    picked = z.gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
-    return z, picked - torch.logsumexp(z, dim=-1)
+    return z
 
 
 class _NativeChunkedLogprob(torch.autograd.Function):
@@ -180,8 +179,10 @@ class _NativeChunkedLogprob(torch.autograd.Function):
         ctx.contract, ctx.params, ctx.chunk = contract, params, chunk
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         for lo in range(0, hidden.shape[0], chunk):
-            out[lo : lo + chunk] = _chunk_scores(hidden[lo : lo + chunk], weight, token_ids[lo : lo + chunk],
-                                                 contract, params)[1]
+            z = _chunk_logits(hidden[lo : lo + chunk], weight, contract, params)
+            picked = z.gather(-1, token_ids[lo : lo + chunk].long().unsqueeze(-1)).squeeze(-1)
+            out[lo : lo + chunk] = picked - torch.logsumexp(z, dim=-1)
+            del z
         return out
 
     @staticmethod
@@ -193,13 +194,13 @@ class _NativeChunkedLogprob(torch.autograd.Function):
         processed = params is not None and not params.is_identity
         for lo in range(0, hidden.shape[0], chunk):
             h, gc = hidden[lo : lo + chunk], g[lo : lo + chunk].float()
-            z, _ = _chunk_scores(h, weight, ids[lo : lo + chunk], ctx.contract, params)
+            z = _chunk_logits(h, weight, ctx.contract, params)
             gz = torch.softmax(z, dim=-1).mul_(-gc[:, None])
             gz.scatter_add_(-1, ids[lo : lo + chunk, None].long(), gc[:, None])
             if processed:
-                gz = torch.where(torch.isinf(z), torch.zeros_like(gz), gz)
+                gz.masked_fill_(torch.isinf(z), 0.0)
                 if params.temperature != 1.0:
-                    gz = gz / params.temperature
+                    gz.div_(params.temperature)
             del z
             gz = gz.to(hidden.dtype)
             if gh is not None:
