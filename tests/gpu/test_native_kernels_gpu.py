@@ -138,3 +138,31 @@ def test_native_logprob_at_the_trainer_heavy_shape_holds_one_chunk():
     print(f"native logprob {rows} x {vocab}: forward + backward peak {extra:.1f} GiB beyond the inputs")
     assert torch.isfinite(out).all() and torch.isfinite(h.grad).all() and torch.isfinite(w.grad).all()
     assert extra < 12, f"{extra:.1f} GiB"
+
+
+def test_the_engine_decode_graph_captures_the_fused_native_kernels(monkeypatch):
+    """The embedded engine under the native contract with CUDA graphs (qwen3-0.6b shape): every fused
+    native launcher is launched inside a decode graph's capture, graphs were captured and replayed, and
+    the logprobs are finite. The native bits answer to nothing, so graph vs
+    eager decode is not compared here (tests/gpu/test_decode_graphs.py prints it)."""
+    from tests.gpu.test_decode_graphs import generate, requests
+    from tests.gpu.test_parity_gpu import gpu_model
+
+    calls = {"rms_norm": 0, "rope": 0, "swiglu": 0}
+
+    def counting(name, module, attr):
+        real = getattr(module, attr)
+
+        def wrapped(*args, **kwargs):
+            calls[name] += torch.cuda.is_current_stream_capturing()  # launched inside a graph capture
+            return real(*args, **kwargs)
+        monkeypatch.setattr(module, attr, wrapped)
+
+    counting("rms_norm", rms_norm, "triton_native_rms_norm")
+    counting("rope", rope, "triton_native_rope")
+    counting("swiglu", swiglu, "triton_native_swiglu")
+    engine, results = generate(gpu_model("qwen3-0.6b"), NumericsContract.native(), True, requests(6))
+    assert engine.graphs.captures >= 1 and engine.graphs.steps >= 10, (engine.graphs.captures, engine.graphs.steps)
+    assert all(n > 0 for n in calls.values()), calls
+    for r in results:
+        assert r.token_ids and all(torch.isfinite(torch.tensor(r.raw_logprobs))), r.request_id
