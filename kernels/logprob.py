@@ -144,9 +144,82 @@ def native_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contr
     return torch.log_softmax(z, dim=-1).gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
 
 
+NATIVE_ROW_CHUNK = 4096
+"""Rows per chunk of the native logprob above this many rows (`native_chunked`): 4096 x 151,936 fp32
+logits are 2.5 GB, where the whole of a 16 x 2k-token trainer batch would be 20 GB (and as much again
+for log_softmax, kept for autograd)."""
+
+
 def native(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, contract: NumericsContract,
            params: SamplingParams | None = None) -> torch.Tensor:
+    """The native control's logprobs: up to NATIVE_ROW_CHUNK rows, one lm_head GEMM and torch.log_softmax
+    (what the CPU tests pin); beyond, `native_chunked`, as a real trainer fuses lm_head + cross-entropy."""
+    if hidden.shape[0] > NATIVE_ROW_CHUNK:
+        return native_chunked(hidden, weight, token_ids, contract, params, NATIVE_ROW_CHUNK)
     return native_from_logits(native_logits(hidden, weight), token_ids, contract, params)
+
+
+def _chunk_logits(hidden, weight, contract, params):
+    """One chunk's fp32 logits [rows, vocab], processed by `params` (removed entries -inf)."""
+    z = native_logits(hidden, weight)
+    if params is not None and not params.is_identity:
+        z = process_logits(z, params, contract)
+    return z
+
+
+class _NativeChunkedLogprob(torch.autograd.Function):
+    """Forward: logprobs `chunk` rows at a time, nothing kept but the inputs. Backward: each chunk's
+    logits recomputed, d logp / d z = onehot(t) - softmax(z) (zero where sampling removed an entry; / T
+    through the temperature), then d hidden = gz @ W per chunk and d W = sum over chunks of gz^T @ h
+    (accumulated in fp32, rounded once). Peak memory: one chunk's logits and its gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, token_ids, contract, params, chunk):
+        ctx.save_for_backward(hidden, weight, token_ids)
+        ctx.contract, ctx.params, ctx.chunk = contract, params, chunk
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        for lo in range(0, hidden.shape[0], chunk):
+            z = _chunk_logits(hidden[lo : lo + chunk], weight, contract, params)
+            picked = z.gather(-1, token_ids[lo : lo + chunk].long().unsqueeze(-1)).squeeze(-1)
+            out[lo : lo + chunk] = picked - torch.logsumexp(z, dim=-1)
+            del z
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        hidden, weight, ids = ctx.saved_tensors
+        params, chunk = ctx.params, ctx.chunk
+        gh = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        gw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        processed = params is not None and not params.is_identity
+        for lo in range(0, hidden.shape[0], chunk):
+            h, gc = hidden[lo : lo + chunk], g[lo : lo + chunk].float()
+            z = _chunk_logits(h, weight, ctx.contract, params)
+            gz = torch.softmax(z, dim=-1).mul_(-gc[:, None])
+            gz.scatter_add_(-1, ids[lo : lo + chunk, None].long(), gc[:, None])
+            if processed:
+                gz.masked_fill_(torch.isinf(z), 0.0)
+                if params.temperature != 1.0:
+                    gz.div_(params.temperature)
+            del z
+            gz = gz.to(hidden.dtype)
+            if gh is not None:
+                gh[lo : lo + chunk] = gz @ weight
+            if gw is not None:
+                gw += (gz.t() @ h).float()
+        return gh, (gw.to(weight.dtype) if gw is not None else None), None, None, None, None
+
+
+def native_chunked(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor,
+                   contract: NumericsContract, params: SamplingParams | None = None,
+                   chunk: int = NATIVE_ROW_CHUNK) -> torch.Tensor:
+    """Native logprobs `chunk` rows at a time, on every device: logit[t] - logsumexp(logits) per chunk,
+    with a backward that recomputes each chunk's logits, so no [tokens x vocab] tensor is ever whole."""
+    _check(hidden, weight)
+    check_ids(token_ids, hidden.shape[0], weight.shape[0], hidden.device)
+    if chunk < 1:
+        raise OpInputError(OP, f"chunk must be a positive row count, got {chunk}")
+    return _NativeChunkedLogprob.apply(hidden, weight, token_ids, contract, params, chunk)
 
 
 def log_softmax(logits_fp32: torch.Tensor, contract: NumericsContract) -> torch.Tensor:

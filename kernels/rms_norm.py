@@ -8,6 +8,10 @@ in fp32 and rounded once (`float32`). Each row is computed from its own values o
 
 GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors); it reads
 `rms_norm.weight_multiply` (both values) and `gpu.fp_fusion`, and covers every contract.
+
+Native: HF's eager RMSNorm (`native_eager`) on the CPU and under autograd; on CUDA without a gradient
+the fused residual-add + RMSNorm kernel (`triton_native_rms_norm`, one launch as vLLM's fused_add_rms_norm),
+with HF's roundings and a free reduction order: the native control's bits answer to nothing.
 """
 
 from __future__ import annotations
@@ -53,6 +57,18 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, contract: Numer
 
 
 def native(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """The native control: on CUDA without autograd, the fused residual-add + RMSNorm kernel a serving
+    engine runs (`triton_native_rms_norm`); otherwise (CPU, or a gradient needed) `native_eager`."""
+    if _tr.on_gpu(x, weight) and not _needs_grad(x, weight, residual):
+        return triton_native_rms_norm(x, weight, eps, residual)
+    return native_eager(x, weight, eps, residual)
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def native_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """The HF Qwen3 RMSNorm as written there (torch.mean decides the reduction order)."""
     check_inputs(x, weight, residual)
     if residual is not None:
@@ -147,7 +163,7 @@ class _StrictRmsNorm(torch.autograd.Function):
             ww = weight.detach().requires_grad_(True)
             rr = residual.detach().requires_grad_(True) if ctx.has_res else None
             s = xx + rr if ctx.has_res else xx
-            y = native(s, ww, ctx.eps)
+            y = native_eager(s, ww, ctx.eps)
             outs, grads = [y], [gy]
             if ctx.has_res and gs is not None and gs.numel():
                 outs.append(s)
@@ -166,3 +182,47 @@ def strict(x, weight, eps, contract, residual=None):
     if _tr.on_gpu(x, weight):
         return triton_rms_norm(x, weight, eps, contract, residual)
     return reference(x, weight, eps, contract, residual)
+
+
+# =====================================================================================================
+# Native control (GPU): the fused residual-add + RMSNorm a serving engine runs instead of HF's ~7 eager
+# kernels. HF's roundings (the add in the model dtype, x * rstd rounded to the model dtype before the
+# weight multiply), but the sum of squares in whatever order tl.sum picks, mean as a multiply by 1/H,
+# and the compiler free to fuse multiply-adds: nothing here is a contract. Launch shape as the strict
+# kernel's (`_tile`); no host sync, so decode graphs capture it.
+# =====================================================================================================
+@jit
+def _native_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, n_rows, H, inv_h, eps,
+                            HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_H)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < H)
+    offs = rows[:, None].to(tl.int64) * H + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(r_ptr + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(s_ptr + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=1) * inv_h + eps)
+    normed = (xf * rstd[:, None]).to(y_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, (normed * w[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_native_rms_norm(x, weight, eps, residual=None):
+    """The native control's fused (residual-add +) RMSNorm: y, or (y, x + residual)."""
+    check_inputs(x, weight, residual)
+    h = x.shape[-1]
+    x2 = x.reshape(-1, h).contiguous()
+    r2 = residual.reshape(-1, h).contiguous() if residual is not None else x2
+    y = torch.empty_like(x2)
+    s = torch.empty_like(x2) if residual is not None else y
+    rows, block_h, warps = _tile(h)
+    n = x2.shape[0]
+    if n:
+        _native_rms_norm_kernel[(_tr.cdiv(n, rows),)](
+            x2, r2, weight, y, s, n, h, 1.0 / h, float(eps), HAS_RES=residual is not None, ROWS=rows,
+            BLOCK_H=block_h, num_warps=warps)
+    y = y.view(x.shape)
+    return y if residual is None else (y, s.view(x.shape))

@@ -8,6 +8,11 @@ its values and its position only.
 
 GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors); it reads
 `gpu.fp_fusion` (launch options) and covers every contract.
+
+Native: HF's eager rotation (`native_eager`, its tables recomputed at each call) on the CPU and under
+autograd; on CUDA without a gradient one kernel reading HF's tables from a cache (`native_tables`, per
+device, dtype, theta, head_dim and table length), the rotation in fp32 rounded once, as a serving engine's
+rotary kernel: the native control's bits answer to nothing.
 """
 
 from __future__ import annotations
@@ -87,17 +92,44 @@ def reference(x: torch.Tensor, positions: torch.Tensor, theta: float,
     return (xf * c + _rotate_half(xf) * s).to(x.dtype)
 
 
-def native(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """HF's Qwen3 rotary embedding: fp32 inv_freq and angles, tables cast to the model dtype, the
-    rotation in the model dtype."""
-    check_inputs(x, positions)
+def native(x: torch.Tensor, positions: torch.Tensor, theta: float, max_position: int | None = None) -> torch.Tensor:
+    """The native control: on CUDA without autograd, RoPE from a cached cos/sin table in one launch
+    (`triton_native_rope`, as a serving engine runs it); otherwise (CPU, a gradient needed, a head_dim
+    that is not a power of two) HF's eager rotation (`native_eager`). `max_position`: as `triton_rope`."""
     d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=x.device).float() / d))
+    if (_tr.on_gpu(x, positions) and not (torch.is_grad_enabled() and x.requires_grad)
+            and d >= 2 and d & (d - 1) == 0):
+        return triton_native_rope(x, positions, theta, max_position)
+    return native_eager(x, positions, theta)
+
+
+def _hf_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """HF's tables for `positions`: fp32 inv_freq and angles, cos/sin cast to the model dtype, [n, head_dim]."""
+    d = head_dim
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=positions.device).float() / d))
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
-    cos = emb.cos().to(x.dtype).unsqueeze(1)
-    sin = emb.sin().to(x.dtype).unsqueeze(1)
-    return x * cos + _rotate_half(x) * sin
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def native_eager(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """HF's Qwen3 rotary embedding: fp32 inv_freq and angles, tables cast to the model dtype, the
+    rotation in the model dtype; the tables recomputed at every call."""
+    check_inputs(x, positions)
+    cos, sin = _hf_cos_sin(positions, x.shape[-1], theta, x.dtype)
+    return x * cos.unsqueeze(1) + _rotate_half(x) * sin.unsqueeze(1)
+
+
+NATIVE_TABLE_BLOCK = 4096
+"""The native cos/sin cache grows in whole blocks of positions, so nearby maxima share one table."""
+
+
+@functools.lru_cache(maxsize=64)
+def native_tables(device: str, dtype: torch.dtype, theta: float, head_dim: int,
+                  max_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The native control's cos/sin cache, keyed by everything it depends on: HF's tables (model dtype,
+    [max_position, head_dim]) for positions 0 .. max_position - 1, built once on `device`."""
+    return _hf_cos_sin(torch.arange(max_position, device=device), head_dim, theta, dtype)
 
 
 # =====================================================================================================
@@ -180,3 +212,46 @@ def strict(x, positions, theta, contract, max_position: int | None = None):
     if _tr.on_gpu(x, positions):
         return triton_rope(x, positions, theta, contract, max_position)
     return reference(x, positions, theta, contract)
+
+
+# =====================================================================================================
+# Native control (GPU): one program per token rotates all its heads, cos/sin rows read from the cached
+# HF tables (model dtype) instead of recomputed; x * cos + rotate_half(x) * sin in fp32, rounded once
+# (HF rounds three times in the model dtype), the compiler free to fuse. No host sync when the caller
+# gives `max_position`, so decode graphs capture it (the table is built by the eager warm-up step).
+# =====================================================================================================
+@jit
+def _native_rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, y_ptr, heads, stride_t, stride_h,
+                        D: tl.constexpr, BH: tl.constexpr):
+    t = tl.program_id(0)
+    hs = tl.arange(0, BH)
+    ds = tl.arange(0, D)
+    half: tl.constexpr = D // 2
+    rot = (ds + half) % D
+    sign = tl.where(ds < half, -1.0, 1.0)
+    mask = hs[:, None] < heads
+    base = x_ptr + t.to(tl.int64) * stride_t + hs[:, None] * stride_h
+    x = tl.load(base + ds[None, :], mask=mask, other=0.0).to(tl.float32)
+    xr = tl.load(base + rot[None, :], mask=mask, other=0.0).to(tl.float32) * sign[None, :]
+    p = tl.load(pos_ptr + t).to(tl.int64)
+    c = tl.load(cos_ptr + p * D + ds).to(tl.float32)
+    s = tl.load(sin_ptr + p * D + ds).to(tl.float32)
+    out = y_ptr + t.to(tl.int64) * heads * D + hs[:, None] * D + ds[None, :]
+    tl.store(out, (x * c[None, :] + xr * s[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_native_rope(x, positions, theta, max_position: int | None = None):
+    """The native control's RoPE from the cached table (power-of-two head_dim). `max_position`: a bound
+    the caller guarantees; without it the positions are read on the host (not under graph capture)."""
+    check_inputs(x, positions)
+    t, heads, d = x.shape
+    y = torch.empty(t, heads, d, dtype=x.dtype, device=x.device)
+    if t:
+        bound = max_position if max_position else int(positions.max()) + 1
+        length = -(-bound // NATIVE_TABLE_BLOCK) * NATIVE_TABLE_BLOCK
+        cos, sin = native_tables(str(x.device), x.dtype, float(theta), d, length)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        _native_rope_kernel[(t,)](x, positions, cos, sin, y, heads, x.stride(0), x.stride(1), D=d,
+                                  BH=_tr.next_pow2(heads), num_warps=4)
+    return y

@@ -7,6 +7,10 @@ in fp32; one rounding to the model dtype. Purely elementwise: batch-invariant.
 
 GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors); it reads
 `gpu.fp_fusion` (launch options) and covers every contract.
+
+Native: HF's eager act_fn(gate) * up (`native_eager`, two launches) on the CPU and under autograd; on
+CUDA without a gradient one fused launch (`triton_native_swiglu`) with HF's two roundings: the native
+control's bits answer to nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +41,14 @@ def reference(gate: torch.Tensor, up: torch.Tensor, contract: NumericsContract) 
 
 
 def native(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The native control: on CUDA without autograd, one fused silu(gate) * up launch
+    (`triton_native_swiglu`, vLLM's silu_and_mul); otherwise (CPU, a gradient needed) `native_eager`."""
+    if _tr.on_gpu(gate, up) and not (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)):
+        return triton_native_swiglu(gate, up)
+    return native_eager(gate, up)
+
+
+def native_eager(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """HF's act_fn(gate) * up in the model dtype (two roundings, torch's silu)."""
     check_inputs(gate, up)
     return F.silu(gate) * up
@@ -100,3 +112,28 @@ def strict(gate, up, contract):
     if _tr.on_gpu(gate, up):
         return triton_swiglu(gate, up, contract)
     return reference(gate, up, contract)
+
+
+# =====================================================================================================
+# Native control (GPU): silu(gate) * up in one launch, as vLLM's silu_and_mul: silu in fp32 with
+# Triton's sigmoid, rounded to the model dtype (HF's act_fn output), times up in fp32, rounded once more.
+# =====================================================================================================
+@jit
+def _native_swiglu_kernel(g_ptr, u_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    act = (g * tl.sigmoid(g)).to(y_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(y_ptr + offs, (act * u).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_native_swiglu(gate, up):
+    """The native control's fused silu(gate) * up."""
+    check_inputs(gate, up)
+    g, u = gate.contiguous(), up.contiguous()
+    y = torch.empty_like(g)
+    n = g.numel()
+    if n:
+        _native_swiglu_kernel[(_tr.cdiv(n, BLOCK),)](g, u, y, n, BLOCK=BLOCK, num_warps=4)
+    return y

@@ -20,12 +20,15 @@ On the lent H200 (rlkit installed editable first, offline; the data travel in an
     python lab/rl_step_ratio_h200.py --dry-run --out /tmp/ratio   # CPU, tiny preset, 16-token responses
 
 Writes $OUT/rl_step_ratio.jsonl (long format: shape, path, metric, value, device, commit) and prints the
-table last. Nothing here asserts: it is a measurement.
+table last. On CUDA each run also gets two memory rows: `peak_allocated_gib` (torch.cuda.max_memory_allocated,
+reset before the run) and `left_allocated_gib` (still allocated after the run returned and gc + empty_cache
+ran: the next run's starting point, ~0 when the loop released its engines and trainer). Nothing here asserts: it is a measurement.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -64,17 +67,38 @@ def step_shapes(dry_run: bool) -> dict:
     }
 
 
-def timed_run(run_dir: Path, cfg, minutes: float) -> list:
-    """Run `cfg` into a new `run_dir` until its steps are done or `minutes` pass; its step summaries."""
+def timed_run(run_dir: Path, cfg, minutes: float) -> tuple[list, dict[str, float]]:
+    """Run `cfg` into a new `run_dir` until its steps are done or `minutes` pass: its step summaries, and
+    on CUDA its GPU memory (peak allocated during the run; what is still allocated once the run returned
+    and its memory was released: the next run must start on an empty GPU)."""
     stop = threading.Event()
     timer = threading.Timer(minutes * 60, stop.set)
+    on_gpu = cfg.device.startswith("cuda") and torch.cuda.is_available()
+    release_gpu_memory()
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
     timer.start()
     try:
         store = run(run_dir, cfg, progress=False, stop=stop)
     finally:
         timer.cancel()
     with store:
-        return store.steps()
+        steps = store.steps()
+    memory = {}
+    if on_gpu:
+        memory["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        release_gpu_memory()
+        memory["left_allocated_gib"] = torch.cuda.memory_allocated() / 2**30
+    return steps, memory
+
+
+def release_gpu_memory() -> None:
+    """Free what a finished run left: the loop closes its runner (engines with their KV cache and decode
+    graphs, trainer with its optimizer); collect cycles, then hand the allocator's cached blocks back."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def medians(steps) -> dict[str, float]:
@@ -105,12 +129,12 @@ def main() -> int:
         for path in ("strict", "native"):
             cfg = shapes[name].replace(steps=a.steps, path=path)
             t0 = time.time()
-            steps = timed_run(a.out / f"run-{name}-{path}", cfg, a.minutes)
+            steps, memory = timed_run(a.out / f"run-{name}-{path}", cfg, a.minutes)
             result[path] = medians(steps)
             print(f"{name} {path}: {len(steps)} steps in {time.time() - t0:.0f} s: "
-                  + " ".join(f"{k} {v:.3f}" for k, v in result[path].items()), flush=True)
+                  + " ".join(f"{k} {v:.3f}" for k, v in (result[path] | memory).items()), flush=True)
             rows += [dict(shape=name, path=path, metric=k, value=v, device=device, commit=sha)
-                     for k, v in result[path].items()]
+                     for k, v in (result[path] | memory).items()]
         ratio = {part: result["strict"][part] / result["native"][part] for part in PARTS
                  if result["native"][part] > 0}
         rows += [dict(shape=name, path="strict/native", metric=k, value=v, device=device, commit=sha)

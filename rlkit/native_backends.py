@@ -1,7 +1,9 @@
 """Which kernels the native path stands for on each kind of device, by name, and where rlkit ran them.
 
 The native path (`rlkit.ops` with an op set to "native") is the control: what frameworks run today.
-rlkit's native ops are plain torch calls, so what actually computes is the device's torch backend:
+rlkit's native ops are mostly plain torch calls (on CUDA, without autograd, a serving engine's fused
+norm / rotary / activation and paged-decode kernels in Triton), so what computes is mostly the device's
+torch backend:
 MKL / oneDNN on the CPU, cuBLAS and cuDNN/flash SDPA on NVIDIA GPUs, hipBLASLt and AOTriton SDPA under
 ROCm. On AMD MI300X the source system's native control is AMD's `aiter` kernels (the ROCm-only
 package `amd-aiter`; the PyPI package named `aiter` is an unrelated project). rlkit does not call aiter:
@@ -40,7 +42,9 @@ NATIVE_BACKENDS: dict[str, NativeBackend] = {
         "torch-cpu", "cpu", "torch: MKL / oneDNN GEMM, ATen SDPA and log_softmax, gloo all-reduce",
         "CI: the negative controls (tests/negative.py) and the lab's native runs"),
     "cuda": NativeBackend(
-        "torch-cuda", "cuda", "torch: cuBLAS GEMM, flash / cuDNN SDPA, NCCL all-reduce",
+        "torch-cuda", "cuda", "torch: cuBLAS GEMM, flash / cuDNN SDPA prefill, NCCL all-reduce; rlkit's Triton "
+        "split-K paged flash-decoding and fused residual-add + RMSNorm, cached-table RoPE and silu * up "
+        "(without autograd), chunked lm_head + logprob above 4,096 rows",
         "the lent H200: native controls of tests/gpu and the benchmarks (BENCHMARKS.md)"),
     "hip": NativeBackend(
         "amd-aiter", "hip", "torch on ROCm (hipBLASLt GEMM, AOTriton SDPA, RCCL); aiter's kernels are not "

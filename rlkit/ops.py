@@ -14,7 +14,10 @@ the engines' sampling (`process_logits`), the Megatron trainer's gradient and no
 `use_contract` restores the previous contract on exit (also on error), and is per thread / per asyncio
 task (a ContextVar), so a dashboard thread and a training thread never see each other's contract.
 
-Native paths are plain torch; `native_backend(device)` names the control they stand for on that device
+Native paths are the control: HF's eager torch ops on the CPU and under autograd; on CUDA without a
+gradient what a serving engine runs (fused Triton RMSNorm + residual, RoPE from a cached table, silu * up,
+the paged flash-decoding), and native logprobs above 4,096 rows in row chunks (kernels/logprob.py
+`native_chunked`). `native_backend(device)` names the control they stand for on that device
 (rlkit/native_backends.py: torch-cpu, torch-cuda, and on ROCm `amd-aiter`, which these ops do not call:
 not exercised here).
 
@@ -117,7 +120,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float, max_position: i
     (optional) bounds the positions, so no host code reads them (CUDA graphs)."""
     if _strict("rope"):
         return _rope.strict(x, positions, theta, _ACTIVE.get(), max_position)
-    return _rope.native(x, positions, theta)
+    return _rope.native(x, positions, theta, max_position)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:

@@ -324,6 +324,28 @@ def _rowwise(col: _Collector, cfg: Qwen3Config, contract: NumericsContract, dtyp
                 f"{cfg.name} top-p scan V={vocab} (logprob.triton_row_cumsum)")
 
 
+def _native_rowwise(col: _Collector, cfg: Qwen3Config, dtype: torch.dtype) -> None:
+    """The native control's fused kernels as their launchers call them (no contract: default launch
+    options, the strict kernels' `rms_norm._tile`, one program per token for RoPE, swiglu.BLOCK)."""
+    t, tokens = _t(dtype), 4096
+    for h, residual, where in ((cfg.hidden_size, True, "layernorm + residual"),
+                               (cfg.hidden_size, False, "first layernorm"), (cfg.head_dim, False, "q/k norm")):
+        rows, block_h, warps = rms_norm._tile(h)
+        col.add("rms_norm", [("native rows", rms_norm._native_rms_norm_kernel,
+                              (t, t, t, t, t, tokens, h, 1.0 / h, cfg.rms_norm_eps),
+                              dict(HAS_RES=residual, ROWS=rows, BLOCK_H=block_h, num_warps=warps))],
+                f"{cfg.name} native {where} H={h} (rms_norm.triton_native_rms_norm)")
+    for heads, which in ((cfg.num_attention_heads, "q"), (cfg.num_key_value_heads, "k")):
+        d = cfg.head_dim
+        col.add("rope", [("native tokens", rope._native_rope_kernel,
+                          (t, _t(torch.int64), t, t, t, heads, heads * d, d),
+                          dict(D=d, BH=_tr.next_pow2(heads), num_warps=4))],
+                f"{cfg.name} native rope {which} heads={heads} D={d} (rope.triton_native_rope)")
+    col.add("swiglu", [("native elementwise", swiglu._native_swiglu_kernel,
+                        (t, t, t, tokens * cfg.intermediate_size), dict(BLOCK=swiglu.BLOCK, num_warps=4))],
+            f"{cfg.name} native swiglu {tokens}x{cfg.intermediate_size} (swiglu.triton_native_swiglu)")
+
+
 def kernel_calls(traits: _tr.GpuTraits, presets=None, ops=None, contracts=CONTRACTS) -> list[KernelCall]:
     """Every distinct launch the plan functions choose on a GPU with `traits`, for the Qwen3 presets (all
     by default) under the released contracts, plus the benchmark-only GEMM kinds; one request each.
@@ -338,6 +360,7 @@ def kernel_calls(traits: _tr.GpuTraits, presets=None, ops=None, contracts=CONTRA
                 _gemm(col, cfg, contract, dtype)
                 _attention(col, cfg, contract, dtype)
                 _rowwise(col, cfg, contract, dtype)
+                _native_rowwise(col, cfg, dtype)
             first = MODEL_PRESETS[presets[0] if presets else "qwen3-8b"]()
             _gemm_overrides(col, first, contract, first.torch_dtype)
     return list(col.calls.values())

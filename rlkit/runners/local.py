@@ -70,4 +70,7 @@ class LocalRunner:
         return self.sync(version, self.publish(version))
 
     def close(self) -> None:
-        pass
+        """Drop the engines (weights, KV cache, decode graphs) and the trainer (model, optimizer): once the
+        loop has closed its runner their GPU memory is free, whoever still holds the runner (a second run
+        in the same process starts on an empty GPU). A closed runner is not used again."""
+        self.engines, self.trainer, self._published = [], None, None

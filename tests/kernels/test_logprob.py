@@ -91,6 +91,54 @@ def test_native_logprob_vs_strict():
     assert report.differing > 0
 
 
+def _unchunked_native_with_grads(h, w, ids, params, g):
+    hh, ww = h.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    out = logprob.native_from_logits(logprob.native_logits(hh, ww), ids, SMALL, params)
+    out.backward(g)
+    return out.detach(), hh.grad, ww.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("params", [None, SamplingParams(temperature=0.7, top_p=0.9),
+                                    SamplingParams(temperature=1.3, top_k=50)])
+def test_native_chunked_matches_unchunked_values_and_gradients(dtype, params):
+    """The chunked native logprob (8-row chunks over 21 rows: a short last chunk) against the one-call
+    native under autograd: values and d hidden, d lm_head close (float32 tight; bfloat16 at its
+    resolution, the gradients rounded to bf16 either way), a masked token's -inf kept, no NaN."""
+    h, w, ids = make(21, dtype, seed=4)
+    ids[3] = int(torch.argmin(logprob.native_logits(h[3:4], w)))  # removed by top-k / top-p
+    g = torch.linspace(-1.0, 1.0, 21)
+    g[3] = 0.0  # a removed token's -inf is masked out of the loss, as the trainer does
+    want, want_gh, want_gw = _unchunked_native_with_grads(h, w, ids, params, g)
+    hh, ww = h.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    got = logprob.native_chunked(hh, ww, ids, SMALL, params, chunk=8)
+    got.backward(g)
+    assert torch.equal(torch.isinf(got), torch.isinf(want)) and bool(torch.isinf(want).any()) == (params is not None)
+    fin = torch.isfinite(want)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got[fin], want[fin], **tol)
+    assert torch.isfinite(hh.grad).all() and torch.isfinite(ww.grad).all()
+    torch.testing.assert_close(hh.grad.float(), want_gh.float(), **tol)
+    torch.testing.assert_close(ww.grad.float(), want_gw.float(), **tol)
+
+
+def test_native_dispatch_small_one_call_large_chunked(monkeypatch):
+    """Up to NATIVE_ROW_CHUNK rows `native` is the one-call path (its bits unchanged, what the CPU tests
+    pin); above it the chunked path: close, and never a [rows x vocab] tensor."""
+    h, w, ids = make(33, seed=5)
+    one_call = logprob.native_from_logits(logprob.native_logits(h, w), ids, SMALL)
+    assert_bitwise_equal(logprob.native(h, w, ids, SMALL), one_call, "33 rows: the one-call native path")
+    calls = []
+    real = logprob.native_logits
+    monkeypatch.setattr(logprob, "native_logits", lambda hid, wt: calls.append(hid.shape[0]) or real(hid, wt))
+    monkeypatch.setattr(logprob, "NATIVE_ROW_CHUNK", 16)
+    chunked = logprob.native(h, w, ids, SMALL)
+    assert calls == [16, 16, 1], calls
+    torch.testing.assert_close(chunked, one_call, rtol=1e-4, atol=1e-4)
+    with pytest.raises(OpInputError, match="chunk must be a positive row count"):
+        logprob.native_chunked(h, w, ids, SMALL, chunk=0)
+
+
 def test_bad_inputs():
     h, w, ids = make(4)
     with pytest.raises(OpInputError, match=r"rlkit.ops.logprob: token_ids has shape \(3,\); expected \[4\]"):

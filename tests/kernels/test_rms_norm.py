@@ -67,3 +67,17 @@ def test_bad_inputs():
         rms_norm.reference(torch.randn(2, 8), torch.randn(4), EPS, C)
     with pytest.raises(OpInputError, match="residual has shape"):
         rms_norm.reference(torch.randn(2, 8), torch.randn(8), EPS, C, residual=torch.randn(3, 8))
+
+
+def test_native_on_the_cpu_is_hf_eager():
+    """The native control on the CPU stays HF's eager RMSNorm, bit for bit (the fused kernel is for CUDA
+    tensors only), with and without the residual."""
+    x, r = torch.randn(9, 384).bfloat16(), torch.randn(9, 384).bfloat16()
+    w = (1 + 0.1 * torch.randn(384)).bfloat16()
+    s = x + r
+    sf = s.float()
+    hf = w * (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + EPS)).to(s.dtype)
+    y, s_out = rms_norm.native(x, w, EPS, r)
+    assert_bitwise_equal(s_out, s, "residual sum")
+    assert_bitwise_equal(y, hf, "native with residual on the CPU")
+    assert_bitwise_equal(rms_norm.native(s, w, EPS), hf, "native on the CPU")

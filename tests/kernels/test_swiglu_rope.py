@@ -77,3 +77,14 @@ def test_bad_inputs():
         rope.reference(torch.randn(2, 1, 8), torch.arange(3), 1e6, C)
     with pytest.raises(OpInputError, match="expected \\[tokens, heads, head_dim\\]"):
         rope.reference(torch.randn(2, 8), torch.arange(2), 1e6, C)
+
+
+def test_native_on_the_cpu_is_hf_eager():
+    """The native control on the CPU stays HF's eager ops, bit for bit (the fused kernels are for CUDA
+    tensors only); a bound on the positions changes nothing there."""
+    g, u = 3 * torch.randn(7, 96).bfloat16(), torch.randn(7, 96).bfloat16()
+    assert_bitwise_equal(swiglu.native(g, u), torch.nn.functional.silu(g) * u, "swiglu native on the CPU")
+    x, pos = torch.randn(6, 4, 64).bfloat16(), torch.tensor([0, 5, 17, 4095, 4096, 30_000])
+    eager = rope.native_eager(x, pos, 1e6)
+    assert_bitwise_equal(rope.native(x, pos, 1e6), eager, "rope native on the CPU")
+    assert_bitwise_equal(rope.native(x, pos, 1e6, max_position=40_960), eager, "with a position bound")

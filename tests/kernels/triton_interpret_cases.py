@@ -144,6 +144,44 @@ def test_swiglu_and_rope():
     assert rel(rope.triton_rope(x, pos, 1e6, C), rope.reference(x, pos, 1e6, C)) < 1e-6
 
 
+# -- the native control's fused kernels (RMSNorm + residual, RoPE from the cached table, silu * up) ----
+@pytest.mark.parametrize("h", [128, 300])
+def test_native_rms_norm_close_to_hf_eager(h):
+    """Against HF's eager RMSNorm (fp32: the interpreter's bf16 rounding is wrong): the residual sum is
+    one add either way (exact), the norm close; 37 rows leave a masked last tile."""
+    from rlkit.kernels import rms_norm
+    x, r = torch.randn(37, h, generator=g(60)), torch.randn(37, h, generator=g(61))
+    w = 1 + 0.1 * torch.randn(h, generator=g(62))
+    y, s = rms_norm.triton_native_rms_norm(x, w, 1e-6, r)
+    ey, es = rms_norm.native_eager(x, w, 1e-6, r)
+    assert_bitwise_equal(s, es, "residual add")
+    assert rel(y, ey) < 1e-6
+    alone = rms_norm.triton_native_rms_norm(x.view(37, 1, h), w, 1e-6)  # [tokens, heads, D] as q_norm
+    assert alone.shape == (37, 1, h) and rel(alone.view(37, h), rms_norm.native_eager(x, w, 1e-6)) < 1e-6
+
+
+def test_native_swiglu_close_to_hf_eager():
+    from rlkit.kernels import swiglu
+    gate, up = 4 * torch.randn(5000, generator=g(63)), torch.randn(5000, generator=g(64))
+    assert rel(swiglu.triton_native_swiglu(gate, up), swiglu.native_eager(gate, up)) < 1e-6
+
+
+def test_native_rope_close_to_hf_eager_with_and_without_a_bound():
+    """Positions across the cache's 4096-position block (4095, 4096, 9000); with `max_position` the table
+    is sized from the bound, without it from the positions: the same rows either way."""
+    from rlkit.kernels import rope
+    x = torch.randn(9, 5, 64, generator=g(65))
+    pos = torch.tensor([0, 1, 2, 3, 1000, 4095, 4096, 8, 9000])
+    eager = rope.native_eager(x, pos, 1e6)
+    out = rope.triton_native_rope(x, pos, 1e6)
+    assert rel(out, eager) < 1e-6
+    assert_bitwise_equal(rope.triton_native_rope(x, pos, 1e6, max_position=9001), out, "bounded vs read table")
+    cos, _ = rope.native_tables("cpu", torch.float32, 1e6, 64, 12288)
+    assert cos.shape == (12288, 64)
+    strided = torch.randn(9, 5, 128, generator=g(66))[..., :64]  # a non-contiguous view of q
+    assert rel(rope.triton_native_rope(strided, pos, 1e6), rope.native_eager(strided, pos, 1e6)) < 1e-6
+
+
 # -- logprob ------------------------------------------------------------------------------------------
 SMALL_LP = C.replace(logprob=LogprobSpec(vocab_chunk=1024, row_block=8))
 

@@ -226,3 +226,26 @@ def test_megatron_trainer_run_has_zero_mismatch_and_matches_the_embedded_trainer
     assert len(a) == len(b) == 8
     for x, y in zip(a, b):
         assert not bitwise_differences(x, y), bitwise_differences(x, y)
+
+
+def test_a_finished_run_releases_its_engines_and_trainer(tmp_path, monkeypatch):
+    """The loop closes its runner: the engines (KV cache, decode graphs) and the trainer (model,
+    optimizer) are gone even while something still holds the runner, so a second run in one process
+    (lab/rl_step_ratio_h200.py: strict, then native) starts on a free GPU."""
+    import gc
+    import weakref
+
+    held, refs = [], []
+    real = loop.make_runner
+
+    def keep(*args, **kwargs):
+        runner = real(*args, **kwargs)
+        held.append(runner)
+        refs.extend(weakref.ref(o) for o in (runner.engines[0], runner.engines[0].cache, runner.trainer))
+        return runner
+
+    monkeypatch.setattr(loop, "make_runner", keep)
+    loop.run(tmp_path / "r", small(steps=1), progress=False).close()
+    gc.collect()
+    assert len(held) == 1 and len(refs) == 3
+    assert [r() is None for r in refs] == [True, True, True], "the closed runner still holds engine/cache/trainer"
