@@ -28,6 +28,7 @@ ran: the next run's starting point, ~0 when the loop released its engines and tr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import statistics
@@ -44,6 +45,10 @@ from rlkit.loop import run
 from rlkit.rollout.engine import EngineConfig
 
 PARTS = ("step_s", "rollout_s", "train_s", "sync_s")
+TRAINER_HEAVY_OPTIM = dataclasses.replace(validation_0_6b().optim, micro_batch_tokens=8192)
+"""The long-response shapes train in micro-batches of 8,192 tokens on both paths, as a trainer would: one
+backward over 16 x 2k tokens keeps every layer's activations alive at once (the native path's eager
+autograd ops ran out of the H200's 140 GB that way, lab/LOG.md 2026-12-01 session 3)."""
 
 
 def step_shapes(dry_run: bool) -> dict:
@@ -57,11 +62,11 @@ def step_shapes(dry_run: bool) -> dict:
     return {
         "validation": validation_0_6b(),
         "trainer-heavy": validation_0_6b(
-            model="qwen3-1.7b", max_tokens=2048,
+            model="qwen3-1.7b", max_tokens=2048, optim=TRAINER_HEAVY_OPTIM,
             engine=EngineConfig(page_size=16, num_pages=4096, max_num_seqs=16, max_batch_tokens=4096,
                                 max_model_len=4096)),
         "source": validation_0_6b(
-            prompts_per_step=8, samples_per_prompt=8, max_tokens=6912,
+            prompts_per_step=8, samples_per_prompt=8, max_tokens=6912, optim=TRAINER_HEAVY_OPTIM,
             engine=EngineConfig(page_size=16, num_pages=36864, max_num_seqs=64, max_batch_tokens=8192,
                                 max_model_len=8192)),
     }

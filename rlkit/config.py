@@ -116,6 +116,9 @@ class RunConfig:
         if self.trainer_ranks > 1 and (self.trainer != "megatron" or self.runner != "ray"):
             problems.append(f"trainer_tp={self.trainer_tp} x trainer_cp={self.trainer_cp} x trainer_pp="
                             f"{self.trainer_pp} needs trainer='megatron' and runner='ray' (one process per rank)")
+        if self.trainer == "megatron" and self.optim.micro_batch_tokens is not None:
+            problems.append("optim.micro_batch_tokens is the embedded trainer's (the Megatron trainer takes "
+                            "the whole batch in one backward)")
         for name in ("steps", "prompts_per_step", "samples_per_prompt", "engines", "rollout_tp", "trainer_tp",
                      "trainer_pp", "trainer_cp"):
             if getattr(self, name) < 1:

@@ -29,8 +29,11 @@ def group_advantages(rewards: torch.Tensor, group_size: int, normalize_std: bool
 
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                 mask: torch.Tensor | None = None, clip_low: float = 0.2, clip_high: float = 0.28,
-                ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0):
-    """Clipped surrogate over tokens (all [N]); returns (loss, stats).
+                ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
+                normalizer: torch.Tensor | None = None):
+    """Clipped surrogate over tokens (all [N]); returns (loss, stats). normalizer: N_tokens of the whole
+    batch when these tokens are one micro-batch of it (the micro-batches' losses then add up to the
+    batch's); None: these tokens' own count.
 
     loss = -sum_t min(ratio_t * A_t, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A_t) / N_tokens
            + kl_coef * mean_t K3(ref || new)
@@ -39,7 +42,7 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     if mask is None:
         mask = torch.ones_like(logprobs, dtype=torch.bool)
     mask = mask.bool()
-    n = mask.sum().clamp_min(1)
+    n = mask.sum().clamp_min(1) if normalizer is None else normalizer.to(logprobs.device)
     log_ratio = (logprobs - old_logprobs.detach()).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)

@@ -40,6 +40,18 @@ class OptimConfig:
     kl_coef: float = 0.0
     max_batch_tokens: int = 4096
     """Tokens per packed forward (longest-first greedy packing, rlkit.train.recompute.pack_order)."""
+    micro_batch_tokens: int | None = None
+    """Gradient accumulation: the batch's sequences, in order, in groups of at most this many tokens
+    (prompt + response; a longer sequence is a group of its own), each group's forward and backward done
+    before the next starts, so one group's activations are alive at a time, as a trainer's micro-batches
+    do. None: the whole batch in one backward. The trainer logprobs do not depend on it (every strict op is
+    batch-invariant); the gradient's sum over groups is another order of additions, so the updated
+    weights' bits do."""
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_tokens is not None and (not isinstance(self.micro_batch_tokens, int)
+                                                    or self.micro_batch_tokens < 1):
+            raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens!r}: a positive token count or None")
 
 
 @dataclass
@@ -65,6 +77,28 @@ class TrainBatch:
     def token_mask(self) -> torch.Tensor | None:
         return None if self.loss_mask is None else torch.cat([m.bool().reshape(-1) for m in self.loss_mask])
 
+    def subset(self, rows: list[int]) -> "TrainBatch":
+        """The sequences `rows` (in that order) as a batch of their own."""
+        pick = lambda xs: None if xs is None else [xs[i] for i in rows]  # noqa: E731
+        return TrainBatch(pick(self.sequences), pick(self.prompt_lens), pick(self.rollout_logprobs),
+                          pick(self.advantages), self.params, pick(self.loss_mask))
+
+
+def micro_batches(lengths: list[int], budget: int | None) -> list[list[int]]:
+    """Consecutive groups of sequence indices, each at most `budget` tokens (one sequence alone if it is
+    longer); one group of everything when budget is None."""
+    if budget is None:
+        return [list(range(len(lengths)))]
+    groups: list[list[int]] = []
+    used = budget + 1
+    for i, n in enumerate(lengths):
+        if used + n > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(i)
+        used += n
+    return groups
+
 
 class EmbeddedTrainer:
     def __init__(self, model: Qwen3ForCausalLM, contract: NumericsContract, optim: OptimConfig | None = None,
@@ -89,10 +123,11 @@ class EmbeddedTrainer:
     def checksum(self) -> str:
         return weights_checksum(self.model.state_dict())
 
-    def train_step(self, batch: TrainBatch) -> tuple[list[torch.Tensor], dict]:
-        """Returns the trainer logprobs (detached, before the update) and the loss statistics."""
+    def _forward_loss(self, batch: TrainBatch, normalizer: torch.Tensor | None = None):
+        """Recompute `batch`'s logprobs with autograd and its loss: (per-sequence logprobs, the reference's
+        logprobs or None, loss, stats). normalizer: the token count the loss divides by (a micro-batch's
+        share of the whole batch's mean); None: its own."""
         o = self.optim_config
-        self.model.train()
         params = [batch.params] * len(batch.sequences) if batch.params is not None else None
         with ops.use_contract(self.contract):
             new_lp = response_logprobs(self.model, batch.sequences, batch.prompt_lens, params,
@@ -106,9 +141,37 @@ class EmbeddedTrainer:
         old = torch.cat([t.float() for t in batch.rollout_logprobs]).to(new.device)
         mask = batch.token_mask()
         loss, stats = policy_loss(new, old, adv, None if mask is None else mask.to(new.device), o.clip_low,
-                                  o.clip_high, ref_lp, o.kl_coef)
+                                  o.clip_high, ref_lp, o.kl_coef, normalizer=normalizer)
+        return new_lp, ref_lp, loss, stats
+
+    def train_step(self, batch: TrainBatch) -> tuple[list[torch.Tensor], dict]:
+        """Returns the trainer logprobs (detached, before the update) and the loss statistics."""
+        o = self.optim_config
+        self.model.train()
+        groups = micro_batches([len(s) for s in batch.sequences], o.micro_batch_tokens)
         self.model.zero_grad(set_to_none=True)
-        loss.backward()
+        if len(groups) == 1:
+            new_lp, _, loss, stats = self._forward_loss(batch)
+            loss.backward()
+        else:  # each group's forward and backward in turn; the stats over the whole batch at the end
+            mask = batch.token_mask()
+            total = (torch.tensor(sum(len(t) for t in batch.rollout_logprobs)) if mask is None
+                     else mask.sum()).clamp_min(1)
+            new_lp, ref_parts = [None] * len(batch.sequences), []
+            for rows in groups:
+                part_lp, part_ref, part_loss, _ = self._forward_loss(batch.subset(rows), normalizer=total)
+                part_loss.backward()
+                for i, lp in zip(rows, part_lp):
+                    new_lp[i] = lp.detach()
+                if part_ref is not None:
+                    ref_parts.append(part_ref)
+            with torch.no_grad():
+                new = torch.cat(new_lp)
+                old = torch.cat([t.float() for t in batch.rollout_logprobs]).to(new.device)
+                adv = batch.token_advantages([len(t) for t in new_lp]).to(new.device)
+                loss, stats = policy_loss(new, old, adv, None if mask is None else mask.to(new.device),
+                                          o.clip_low, o.clip_high, torch.cat(ref_parts) if ref_parts else None,
+                                          o.kl_coef)
         for master, p in zip(self.masters, self.model.parameters()):
             master.grad = None if p.grad is None else p.grad.detach().float()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.masters, o.grad_clip)
@@ -118,6 +181,7 @@ class EmbeddedTrainer:
                 p.copy_(master.to(p.dtype))
         self.model.zero_grad(set_to_none=True)
         self.model.eval()
+        stats["micro_batches"] = len(groups)
         stats.update(loss=float(loss.detach()), grad_norm=float(grad_norm))
         return [t.detach() for t in new_lp], stats
 
