@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from rlkit.contract import NAMES, OPS, V2_NAME, V3_NAME, NumericsContract
+from rlkit.data.tasks import TASKS
 from rlkit.rollout.engine import EngineConfig
 from rlkit.train.trainer import OptimConfig
 from rlkit.types import DEFAULT_MAX_TOKENS, SamplingParams
@@ -33,7 +34,7 @@ class RunConfig:
     keeps it."""
     device: str = "cpu"
     task: str = "arith"
-    """arith | gsm8k | dapo"""
+    """arith | add2 | add3 | gsm8k | dapo (rlkit.data.tasks.TASKS)"""
     steps: int = 50
     contract_name: str = V3_NAME
     """The numerics contract (a released name, rlkit.contract.NAMES; the newest by default). A store
@@ -63,6 +64,17 @@ class RunConfig:
     gives the validation run moving weights."""
     warm_start_steps: int = 0
     """Supervised steps on the arithmetic task before step 0 (tiny models need a start to learn)."""
+    init_checkpoint: str = ""
+    """A warm-start checkpoint folder (`rlkit warmstart`, rlkit/model/init_checkpoint.py) whose weights
+    are version 0 instead of the seeded init: its model shape and dtype must be the run's, and the weights
+    loaded must have the checksum its manifest recorded. The run stores that checksum ("init_checkpoint"
+    in the store's info) and version 0 of the timeline carries it, so two arms started from one folder
+    provably start from the same bits. Empty: the seeded init (and `warm_start_steps`)."""
+    heldout_every: int = 0
+    """Measure the reward on the task's fixed held-out set (`heldout_prompts` prompts, one sample each, the
+    run's sampling) with the weights of every this many steps, before that step's rollout; stored in the
+    step's summary (`heldout_reward`). 0: never."""
+    heldout_prompts: int = 64
     optim: OptimConfig = field(default_factory=OptimConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     runner: str = "local"
@@ -103,8 +115,12 @@ class RunConfig:
         for op, path in self.ops:
             if op not in OPS or path not in ("strict", "native"):
                 problems.append(f"ops {op}={path}")
-        if self.task not in ("arith", "gsm8k", "dapo"):
-            problems.append(f"task={self.task!r} (arith | gsm8k | dapo)")
+        if self.task not in TASKS:
+            problems.append(f"task={self.task!r} ({' | '.join(TASKS)})")
+        if self.init_checkpoint and self.warm_start_steps:
+            problems.append("init_checkpoint and warm_start_steps: a run starts from one or the other")
+        if self.heldout_every and self.heldout_prompts < 1:
+            problems.append("heldout_prompts must be >= 1 when heldout_every is set")
         if self.runner not in ("local", "ray"):
             problems.append(f"runner={self.runner!r} (local | ray)")
         if self.trainer not in ("embedded", "megatron"):
@@ -121,7 +137,7 @@ class RunConfig:
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         for name in ("max_tokens", "staleness", "warm_start_steps", "locate_every", "threads", "seed",
-                     "checkpoint_every", "shaping"):
+                     "checkpoint_every", "shaping", "heldout_every", "heldout_prompts"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if problems:

@@ -1,14 +1,19 @@
-"""The supervised warm start: a brief start on the arithmetic task, so a tiny model's reward begins above zero
-and RL has something to improve.
+"""The supervised warm start: a start on a synthetic task with a checked answer (rlkit.data.tasks: "arith"
+by default, "add2"/"add3" for the learning runs), so the policy's reward begins above zero and RL has
+something to improve.
 
-Each step trains on a seeded batch of "a+b" problems (prompt -> "sum<|im_end|>"; only the answer tokens are
-trained, so a step costs a few lm_head rows). No comparison is at stake here -- the warm start ends before
+Each step trains on a seeded batch of the task's training split (chat prompt -> "answer<|im_end|>"; only the
+answer tokens are trained, so a step costs a few lm_head rows). No comparison is at stake here -- the warm start ends before
 weight version 0, whose checksum the timeline records -- so it uses the native ops and computes in fp32
 whatever the model's dtype (CPUs without AMX or AVX-512 BF16 run torch's bf16 GEMMs on a slow fallback;
 measured on an AVX2-only EPYC: ~15 s a step in bf16), then rounds the weights back to the model's dtype once.
 
 It stops between two steps when `stop` is set (SIGTERM, Ctrl-C) by raising `WarmStartStopped`, and reports
-each step to `on_step` (the run writes it to its store, where the dashboard shows it).
+each step to `on_step` (the run writes it to its store, where the dashboard shows it). `until` ends it early
+without an error: called after each step (weights still in fp32; an evaluator copies them into an engine of
+the model's dtype), a true result ends the warm start there (rlkit/warmstart.py stops on a held-out reward
+band this way). On a GPU, `autocast` runs the forward in bf16 (torch.autocast, scoped to the warm start)
+with fp32 weights and optimizer, several times faster than fp32 GEMMs.
 
     from rlkit.train.warm_start import warm_start
     losses = warm_start(model, steps=100, seed=0)
@@ -16,6 +21,7 @@ each step to `on_step` (the run writes it to its store, where the dashboard show
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -24,7 +30,7 @@ from typing import Callable
 import torch
 
 from rlkit import NumericsContract, ops
-from rlkit.data.arith import arith_problems
+from rlkit.data.tasks import task as get_task
 from rlkit.model.qwen3 import ForwardBatch
 from rlkit.model.tokenizer import EOS_ID, chat_prompt_ids, load_tokenizer
 
@@ -63,10 +69,16 @@ def _batch(problems, tok) -> tuple[list[torch.Tensor], list[int], list[int]]:
     return seqs, rows, labels
 
 
-def warm_start(model, steps: int, seed: int, *, batch_size: int = 64, lr: float = 3e-3, progress: bool = False,
+def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size: int = 64, lr: float = 3e-3,
+               warmup_steps: int = 0, autocast: bool = False, progress: bool = False,
                stop: threading.Event | None = None,
-               on_step: Callable[[WarmStartProgress], None] | None = None) -> list[float]:
-    """Train `model` in place for `steps` supervised steps; returns the loss per step."""
+               on_step: Callable[[WarmStartProgress], None] | None = None,
+               until: Callable[[WarmStartProgress], bool] | None = None) -> list[float]:
+    """Train `model` in place for at most `steps` supervised steps on `task`'s training split (the learning
+    rate rising linearly over the first `warmup_steps`); returns the loss per step."""
+    generate = get_task(task).generate
+    if generate is None:
+        raise ValueError(f"task {task!r} is not a synthetic task; the warm start trains on arith, add2 or add3")
     tok = load_tokenizer()
     dtype = next(model.parameters()).dtype
     model.float()
@@ -79,24 +91,34 @@ def warm_start(model, steps: int, seed: int, *, batch_size: int = 64, lr: float 
         from tqdm.auto import tqdm
         bar = tqdm(total=steps, desc="warm start", unit="step", leave=False)
     t0 = time.monotonic()
+    device = next(model.parameters()).device
+    amp = (torch.autocast(device.type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext())
     model.train()
     try:
         with ops.use_contract(NumericsContract.native()):
             for step in range(steps):
                 if stop is not None and stop.is_set():
                     raise WarmStartStopped(f"stopped during the warm start after {step} of {steps} steps")
-                seqs, rows, labels = _batch(arith_problems(batch_size, seed=seed * 100_003 + step), tok)
-                hidden = model(ForwardBatch.packed(seqs))
-                loss = -model.logprobs(hidden[torch.tensor(rows)], torch.tensor(labels)).float().mean()
+                if warmup_steps:
+                    for group in opt.param_groups:
+                        group["lr"] = lr * min(1.0, (step + 1) / warmup_steps)
+                seqs, rows, labels = _batch(generate(batch_size, seed * 100_003 + step, "train"), tok)
+                with amp:
+                    hidden = model(ForwardBatch.packed([s.to(device) for s in seqs]))
+                    loss = -model.logprobs(hidden[torch.tensor(rows, device=device)],
+                                           torch.tensor(labels, device=device)).float().mean()
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
                 losses.append(float(loss.detach()))
+                done = WarmStartProgress(step + 1, steps, losses[-1], time.monotonic() - t0)
                 if on_step is not None:
-                    on_step(WarmStartProgress(step + 1, steps, losses[-1], time.monotonic() - t0))
+                    on_step(done)
                 if bar is not None:
                     bar.set_postfix(loss=f"{losses[-1]:.3f}")
                     bar.update(1)
+                if until is not None and until(done):
+                    break
     finally:
         if bar is not None:
             bar.close()
