@@ -327,7 +327,7 @@ def _add_warmstart(sub) -> None:
     p.add_argument("--batch-size", type=bounded_positive_int)
     p.add_argument("--lr", type=positive_float)
     p.add_argument("--warmup", type=bounded_nonneg_int, help="steps of linear learning-rate warmup")
-    p.add_argument("--autocast", choices=["on", "off"], help="bf16 autocast (default: on for CUDA)")
+    p.add_argument("--tf32", choices=["on", "off"], help="TF32 GEMMs in the training step (default: on for CUDA)")
     p.add_argument("--max-steps", type=bounded_positive_int)
     p.add_argument("--max-minutes", type=positive_float)
     p.add_argument("--eval-every", type=bounded_positive_int)
@@ -358,8 +358,8 @@ def warmstart_config_from_args(args):
     values = {field: getattr(args, flag) for flag, field in WARMSTART_FIELDS if getattr(args, flag) is not None}
     if "dtype" in values:
         values["dtype"] = DTYPE_ALIASES[values["dtype"]]
-    if args.autocast is not None:
-        values["autocast"] = args.autocast == "on"
+    if args.tf32 is not None:
+        values["tf32"] = args.tf32 == "on"
     if args.target is not None:
         values["target_low"], values["target_high"] = args.target
     return warmstart_0_6b(**values) if args.preset_run == "0.6b" else WarmStartConfig(**values)

@@ -226,5 +226,20 @@ def validation_0_6b(**overrides) -> RunConfig:
     return cfg.replace(**overrides)
 
 
-RUN_PRESETS = {"lab": lab_default, "validation-0.6b": validation_0_6b}
+def learning_0_6b(**overrides) -> RunConfig:
+    """One arm of the learning runs (lab/learning_h200.py): qwen3-0.6b shape started from a warm-start
+    checkpoint (`init_checkpoint`, rlkit/warmstart.py), two-digit addition, seed 1234, 16 prompts x 16
+    samples a step (group spread for GRPO), the task's 6-token answers, the held-out reward (256 prompts)
+    every 10 steps, a checkpoint every 50 steps and where a stop request ends a device call. The learning
+    rate is a first guess for RL after a supervised start (not tuned yet)."""
+    cfg = RunConfig(model="qwen3-0.6b", dtype="bfloat16", device="cuda", task="add2", steps=300, seed=1234,
+                    prompts_per_step=16, samples_per_prompt=16, locate_every=0, checkpoint_every=50,
+                    heldout_every=10, heldout_prompts=256,
+                    engine=EngineConfig(page_size=16, num_pages=4096, max_num_seqs=256, max_batch_tokens=8192,
+                                        max_model_len=128),
+                    optim=OptimConfig(lr=5e-6, max_batch_tokens=16384))
+    return cfg.replace(**overrides)
+
+
+RUN_PRESETS = {"lab": lab_default, "validation-0.6b": validation_0_6b, "learning-0.6b": learning_0_6b}
 """Run presets by name (complete RunConfigs); model presets are rlkit.model.MODEL_PRESETS."""

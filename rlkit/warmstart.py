@@ -59,8 +59,8 @@ class WarmStartConfig:
     batch_size: int = 64
     lr: float = 3e-3
     warmup_steps: int = 0
-    autocast: bool | None = None
-    """bf16 autocast of the forward (fp32 weights and optimizer); None: on for CUDA, off on the CPU."""
+    tf32: bool | None = None
+    """Let the training step's fp32 GEMMs use TF32 (rlkit/train/warm_start.py); None: on for CUDA only."""
     max_steps: int = 1000
     max_minutes: float = 0.0
     """Wall-clock budget of training and evaluation (0: none); checked after every step."""
@@ -102,20 +102,20 @@ class WarmStartConfig:
             raise ValueError("invalid warm-start config: " + "; ".join(problems))
 
     def resolved(self) -> "WarmStartConfig":
-        """With a concrete dtype (from the device, as a run resolves "auto") and autocast setting."""
+        """With a concrete dtype (from the device, as a run resolves "auto") and TF32 setting."""
         cfg = self
         if cfg.dtype == "auto":
             from rlkit.hardware import default_dtype
 
             cfg = dataclasses.replace(cfg, dtype=default_dtype(cfg.device)[0])
-        if cfg.autocast is None:
-            cfg = dataclasses.replace(cfg, autocast=torch.device(cfg.device).type == "cuda")
+        if cfg.tf32 is None:
+            cfg = dataclasses.replace(cfg, tf32=torch.device(cfg.device).type == "cuda")
         return cfg
 
 
 def warmstart_0_6b(**overrides) -> WarmStartConfig:
     """The learning runs' warm start (lab/learning_h200.py): qwen3-0.6b shape from its seeded init, bf16
-    on the H200, two-digit addition, 256-problem batches, AdamW 3e-4 after 50 warmup steps, bf16 autocast,
+    on the H200, two-digit addition, 256-problem batches, AdamW 3e-4 after 50 warmup steps, TF32 GEMMs,
     the held-out reward (256 prompts, sampled at temperature 1 like the RL rollouts) every 25 steps, within
     an 8-minute budget per device call."""
     cfg = WarmStartConfig(model="qwen3-0.6b", dtype="bfloat16", device="cuda", task="add2", seed=1234,
@@ -209,7 +209,7 @@ def _phase(cfg: WarmStartConfig, out_dir: Path, progress: bool, stop, log) -> di
     in_band_at_start = band[0] <= history[0]["reward"] <= band[1]
     losses = [] if in_band_at_start else warm_start(
         model, cfg.max_steps, cfg.seed, task=cfg.task, batch_size=cfg.batch_size, lr=cfg.lr,
-        warmup_steps=cfg.warmup_steps, autocast=bool(cfg.autocast), progress=progress, stop=stop, until=until)
+        warmup_steps=cfg.warmup_steps, tf32=bool(cfg.tf32), progress=progress, stop=stop, until=until)
     if in_band_at_start:
         reason[0] = "in the target band before training"
     if history[-1]["step"] != len(losses):  # the weights saved are the weights measured last

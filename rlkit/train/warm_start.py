@@ -12,8 +12,10 @@ It stops between two steps when `stop` is set (SIGTERM, Ctrl-C) by raising `Warm
 each step to `on_step` (the run writes it to its store, where the dashboard shows it). `until` ends it early
 without an error: called after each step (weights still in fp32; an evaluator copies them into an engine of
 the model's dtype), a true result ends the warm start there (rlkit/warmstart.py stops on a held-out reward
-band this way). On a GPU, `autocast` runs the forward in bf16 (torch.autocast, scoped to the warm start)
-with fp32 weights and optimizer, several times faster than fp32 GEMMs.
+band this way). On a GPU, `tf32` lets the fp32 GEMMs of the forward and backward use TF32 tensor cores
+(torch.set_float32_matmul_precision("high"), set around each step's compute and restored after it, so
+nothing else in the process, the evaluator included, runs under it); bf16 autocast is no option here, as
+rlkit's ops refuse operands of mixed dtypes.
 
     from rlkit.train.warm_start import warm_start
     losses = warm_start(model, steps=100, seed=0)
@@ -56,6 +58,20 @@ class WarmStartProgress:
                 "elapsed_s": self.elapsed_s, "eta_s": self.eta_s}
 
 
+@contextlib.contextmanager
+def _tf32(on: bool):
+    """fp32 matmuls may use TF32 inside (when `on`); the previous precision is restored on exit."""
+    if not on:
+        yield
+        return
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 def _batch(problems, tok) -> tuple[list[torch.Tensor], list[int], list[int]]:
     """Packed sequences, the rows whose next token is an answer token, and those answer tokens."""
     seqs, rows, labels, off = [], [], [], 0
@@ -70,7 +86,7 @@ def _batch(problems, tok) -> tuple[list[torch.Tensor], list[int], list[int]]:
 
 
 def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size: int = 64, lr: float = 3e-3,
-               warmup_steps: int = 0, autocast: bool = False, progress: bool = False,
+               warmup_steps: int = 0, tf32: bool = False, progress: bool = False,
                stop: threading.Event | None = None,
                on_step: Callable[[WarmStartProgress], None] | None = None,
                until: Callable[[WarmStartProgress], bool] | None = None) -> list[float]:
@@ -92,7 +108,6 @@ def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size:
         bar = tqdm(total=steps, desc="warm start", unit="step", leave=False)
     t0 = time.monotonic()
     device = next(model.parameters()).device
-    amp = (torch.autocast(device.type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext())
     model.train()
     try:
         with ops.use_contract(NumericsContract.native()):
@@ -103,13 +118,13 @@ def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size:
                     for group in opt.param_groups:
                         group["lr"] = lr * min(1.0, (step + 1) / warmup_steps)
                 seqs, rows, labels = _batch(generate(batch_size, seed * 100_003 + step, "train"), tok)
-                with amp:
+                with _tf32(tf32):
                     hidden = model(ForwardBatch.packed([s.to(device) for s in seqs]))
                     loss = -model.logprobs(hidden[torch.tensor(rows, device=device)],
                                            torch.tensor(labels, device=device)).float().mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
                 losses.append(float(loss.detach()))
                 done = WarmStartProgress(step + 1, steps, losses[-1], time.monotonic() - t0)
                 if on_step is not None:
