@@ -327,6 +327,8 @@ def _add_warmstart(sub) -> None:
     p.add_argument("--batch-size", type=bounded_positive_int)
     p.add_argument("--lr", type=positive_float)
     p.add_argument("--warmup", type=bounded_nonneg_int, help="steps of linear learning-rate warmup")
+    p.add_argument("--backend", choices=["rlkit", "transformers"],
+                   help="which forward trains (default rlkit; transformers: padded batches, bf16 autocast on CUDA)")
     p.add_argument("--tf32", choices=["on", "off"], help="TF32 GEMMs in the training step (default: on for CUDA)")
     p.add_argument("--max-steps", type=bounded_positive_int)
     p.add_argument("--max-minutes", type=positive_float)
@@ -345,7 +347,7 @@ def _add_warmstart(sub) -> None:
 
 # flag -> WarmStartConfig field
 WARMSTART_FIELDS = (("preset", "model"), ("task", "task"), ("dtype", "dtype"), ("device", "device"), ("seed", "seed"),
-                    ("batch_size", "batch_size"), ("lr", "lr"), ("warmup", "warmup_steps"),
+                    ("batch_size", "batch_size"), ("lr", "lr"), ("backend", "backend"), ("warmup", "warmup_steps"),
                     ("max_steps", "max_steps"), ("max_minutes", "max_minutes"), ("eval_every", "eval_every"),
                     ("eval_prompts", "eval_prompts"), ("decode", "decode"), ("temperature", "temperature"),
                     ("init_from", "init_from"), ("threads", "threads"))

@@ -41,7 +41,7 @@ from rlkit.model.init_checkpoint import save_init_checkpoint
 from rlkit.model.tokenizer import load_tokenizer
 from rlkit.rollout.engine import EmbeddedEngine, EngineConfig
 from rlkit.runners.base import engine_copy
-from rlkit.train.warm_start import warm_start
+from rlkit.train.warm_start import BACKENDS, warm_start
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,10 @@ class WarmStartConfig:
     batch_size: int = 64
     lr: float = 3e-3
     warmup_steps: int = 0
+    backend: str = "rlkit"
+    """Which forward trains (rlkit/train/warm_start.py): rlkit (the model's own, packed, native ops: one
+    attention call per sequence) | transformers (transformers' Qwen3 on the same parameters, padded batch,
+    bf16 autocast on CUDA). The held-out evaluation always runs rlkit's engine."""
     tf32: bool | None = None
     """Let the training step's fp32 GEMMs use TF32 (rlkit/train/warm_start.py); None: on for CUDA only."""
     max_steps: int = 1000
@@ -84,6 +88,8 @@ class WarmStartConfig:
         if self.task not in TASKS or TASKS[self.task].generate is None:
             problems.append(f"task={self.task!r} (a synthetic task: "
                             f"{' | '.join(n for n, t in TASKS.items() if t.generate)})")
+        if self.backend not in BACKENDS:
+            problems.append(f"backend={self.backend!r} ({' | '.join(BACKENDS)})")
         if self.decode not in DECODES:
             problems.append(f"decode={self.decode!r} ({' | '.join(DECODES)})")
         if self.dtype not in ("bfloat16", "float32", "auto"):
@@ -115,10 +121,12 @@ class WarmStartConfig:
 
 def warmstart_0_6b(**overrides) -> WarmStartConfig:
     """The learning runs' warm start (lab/learning_h200.py): qwen3-0.6b shape from its seeded init, bf16
-    on the H200, two-digit addition, 256-problem batches, AdamW 3e-4 after 50 warmup steps, TF32 GEMMs,
-    the held-out reward (256 prompts, sampled at temperature 1 like the RL rollouts) every 25 steps, within
-    an 8-minute budget per device call."""
+    on the H200, two-digit addition, 256-problem batches through transformers' Qwen3 on the model's
+    parameters (bf16 autocast, TF32; rlkit's own native prefill runs one attention call per sequence),
+    AdamW 3e-4 after 50 warmup steps, the held-out reward (256 prompts, sampled at temperature 1 like the
+    RL rollouts) every 25 steps, within an 8-minute budget per device call."""
     cfg = WarmStartConfig(model="qwen3-0.6b", dtype="bfloat16", device="cuda", task="add2", seed=1234,
+                          backend="transformers",
                           batch_size=256, lr=3e-4, warmup_steps=50, max_steps=20_000, max_minutes=8.0,
                           eval_every=25, eval_prompts=256)
     return dataclasses.replace(cfg, **overrides)
@@ -209,7 +217,7 @@ def _phase(cfg: WarmStartConfig, out_dir: Path, progress: bool, stop, log) -> di
     in_band_at_start = band[0] <= history[0]["reward"] <= band[1]
     losses = [] if in_band_at_start else warm_start(
         model, cfg.max_steps, cfg.seed, task=cfg.task, batch_size=cfg.batch_size, lr=cfg.lr,
-        warmup_steps=cfg.warmup_steps, tf32=bool(cfg.tf32), progress=progress, stop=stop, until=until)
+        warmup_steps=cfg.warmup_steps, tf32=bool(cfg.tf32), backend=cfg.backend, progress=progress, stop=stop, until=until)
     if in_band_at_start:
         reason[0] = "in the target band before training"
     if history[-1]["step"] != len(losses):  # the weights saved are the weights measured last

@@ -34,7 +34,7 @@ import torch
 from rlkit import NumericsContract, ops
 from rlkit.data.tasks import task as get_task
 from rlkit.model.qwen3 import ForwardBatch
-from rlkit.model.tokenizer import EOS_ID, chat_prompt_ids, load_tokenizer
+from rlkit.model.tokenizer import EOS_ID, PAD_ID, chat_prompt_ids, load_tokenizer
 
 
 class WarmStartStopped(Exception):
@@ -85,16 +85,60 @@ def _batch(problems, tok) -> tuple[list[torch.Tensor], list[int], list[int]]:
     return seqs, rows, labels
 
 
+BACKENDS = ("rlkit", "transformers")
+
+
+def _transformers_twin(model):
+    """transformers' Qwen3ForCausalLM whose parameters are `model`'s own tensors (the same objects, so
+    its updates are the model's: no copy either way). Parameter names are the same (rlkit's are Hugging
+    Face's); its own init, made first, is dropped."""
+    from transformers import Qwen3Config as HFQwen3Config
+    from transformers import Qwen3ForCausalLM as HFQwen3
+
+    with torch.device(next(model.parameters()).device):
+        twin = HFQwen3(HFQwen3Config(**model.config.to_hf()))
+    for name, param in model.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        setattr(twin.get_submodule(owner), leaf, param)
+    if model.config.tie_word_embeddings:
+        twin.lm_head.weight = twin.model.embed_tokens.weight
+    return twin
+
+
+def _padded(problems, tok, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, L], attention mask, and the (row, position) of every answer token's
+    predecessor with that answer token: the same pairs as `_batch`, laid out for a padded batch."""
+    seqs, where, labels = [], [], []
+    for i, p in enumerate(problems):
+        prompt = chat_prompt_ids(p.user_message(), tok)
+        answer = tok(p.answer, add_special_tokens=False)["input_ids"] + [EOS_ID]
+        seqs.append(prompt + answer)
+        where.extend((i, len(prompt) - 1 + j) for j in range(len(answer)))
+        labels.extend(answer)
+    width = max(len(q) for q in seqs)
+    ids = torch.full((len(seqs), width), PAD_ID, dtype=torch.int64)
+    mask = torch.zeros((len(seqs), width), dtype=torch.int64)
+    for i, q in enumerate(seqs):
+        ids[i, :len(q)] = torch.tensor(q)
+        mask[i, :len(q)] = 1
+    return ids.to(device), mask.to(device), torch.tensor(where, device=device), torch.tensor(labels, device=device)
+
+
 def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size: int = 64, lr: float = 3e-3,
-               warmup_steps: int = 0, tf32: bool = False, progress: bool = False,
+               warmup_steps: int = 0, tf32: bool = False, backend: str = "rlkit", progress: bool = False,
                stop: threading.Event | None = None,
                on_step: Callable[[WarmStartProgress], None] | None = None,
                until: Callable[[WarmStartProgress], bool] | None = None) -> list[float]:
     """Train `model` in place for at most `steps` supervised steps on `task`'s training split (the learning
-    rate rising linearly over the first `warmup_steps`); returns the loss per step."""
+    rate rising linearly over the first `warmup_steps`); returns the loss per step. `backend` "rlkit" runs
+    the model's own forward (packed sequences, native ops); "transformers" runs transformers' Qwen3 on the
+    same parameters over a right-padded batch (one SDPA call a layer instead of one a sequence, and bf16
+    autocast on CUDA), then the same answer-token loss through rlkit's logprob op."""
     generate = get_task(task).generate
     if generate is None:
         raise ValueError(f"task {task!r} is not a synthetic task; the warm start trains on arith, add2 or add3")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     tok = load_tokenizer()
     dtype = next(model.parameters()).dtype
     model.float()
@@ -108,6 +152,9 @@ def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size:
         bar = tqdm(total=steps, desc="warm start", unit="step", leave=False)
     t0 = time.monotonic()
     device = next(model.parameters()).device
+    twin = _transformers_twin(model).train() if backend == "transformers" else None
+    amp = (torch.autocast("cuda", dtype=torch.bfloat16) if twin is not None and device.type == "cuda"
+           else contextlib.nullcontext())
     model.train()
     try:
         with ops.use_contract(NumericsContract.native()):
@@ -117,11 +164,19 @@ def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size:
                 if warmup_steps:
                     for group in opt.param_groups:
                         group["lr"] = lr * min(1.0, (step + 1) / warmup_steps)
-                seqs, rows, labels = _batch(generate(batch_size, seed * 100_003 + step, "train"), tok)
+                problems = generate(batch_size, seed * 100_003 + step, "train")
                 with _tf32(tf32):
-                    hidden = model(ForwardBatch.packed([s.to(device) for s in seqs]))
-                    loss = -model.logprobs(hidden[torch.tensor(rows, device=device)],
-                                           torch.tensor(labels, device=device)).float().mean()
+                    if twin is None:
+                        seqs, rows, labels = _batch(problems, tok)
+                        hidden = model(ForwardBatch.packed([s.to(device) for s in seqs]))
+                        answer_rows = hidden[torch.tensor(rows, device=device)]
+                        answers = torch.tensor(labels, device=device)
+                    else:
+                        ids, mask, where, answers = _padded(problems, tok, device)
+                        with amp:
+                            hidden = twin.model(input_ids=ids, attention_mask=mask).last_hidden_state
+                        answer_rows = hidden[where[:, 0], where[:, 1]].float()
+                    loss = -model.logprobs(answer_rows, answers).float().mean()
                     opt.zero_grad()
                     loss.backward()
                     opt.step()

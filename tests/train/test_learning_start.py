@@ -123,8 +123,8 @@ def test_warmstart_cli_refuses_bad_input_in_one_line(tmp_path, capsys):
 
 
 def test_two_arms_start_from_the_same_bits_and_record_the_held_out_reward(tmp_path, capsys):
-    supervised_phase(WarmStartConfig(**TINY_PHASE, max_steps=1, eval_every=1, target_low=1.0, target_high=1.0),
-                     tmp_path / "ws")
+    supervised_phase(WarmStartConfig(**TINY_PHASE, max_steps=1, eval_every=1, target_low=1.0, target_high=1.0,
+                                     backend="transformers"), tmp_path / "ws")
     manifest = json.loads((tmp_path / "ws" / "init_checkpoint.json").read_text())
     stores = {}
     for path in ("strict", "native"):
@@ -162,3 +162,30 @@ def test_the_warm_start_trains_an_addition_task_with_warmup_and_tf32_and_stops_w
     assert len(losses) == 2 and seen == [1, 2] and all(torch.isfinite(torch.tensor(losses)))
     assert next(model.parameters()).dtype == torch.float32
     assert torch.get_float32_matmul_precision() == "highest"  # restored after every step
+
+
+def test_the_transformers_backend_trains_the_models_own_parameters_with_the_same_forward():
+    from rlkit import NumericsContract, ops
+    from rlkit.model.qwen3 import ForwardBatch
+    from rlkit.model.tokenizer import load_tokenizer
+    from rlkit.train.warm_start import _batch, _padded, _transformers_twin, warm_start
+
+    model = _tiny()
+    twin = _transformers_twin(model)
+    assert twin.model.embed_tokens.weight is model.model.embed_tokens.weight is twin.lm_head.weight
+    problems, tok = addition_problems(6, seed=2, digits=2), load_tokenizer()
+    with ops.use_contract(NumericsContract.native()), torch.no_grad():
+        seqs, rows, labels = _batch(problems, tok)
+        ours = model.logprobs(model(ForwardBatch.packed(seqs))[torch.tensor(rows)], torch.tensor(labels))
+        ids, mask, where, answers = _padded(problems, tok, "cpu")
+        hidden = twin.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        theirs = model.logprobs(hidden[where[:, 0], where[:, 1]].float(), answers)
+    assert torch.equal(answers, torch.tensor(labels))
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-4)  # one model, two fp32 forwards: close, not equal
+    before = weights_checksum(model.state_dict())
+    bf16 = _tiny("bfloat16")
+    losses = warm_start(bf16, 2, seed=1, task="add2", batch_size=4, backend="transformers")
+    assert len(losses) == 2 and next(bf16.parameters()).dtype == torch.bfloat16
+    assert weights_checksum(bf16.state_dict()) != weights_checksum(_tiny("bfloat16").state_dict()) and before
+    with pytest.raises(ValueError, match="backend 'jax'"):
+        warm_start(model, 1, seed=1, backend="jax")
