@@ -11,7 +11,7 @@ Phases (one per device call, each within the call's 10 minutes):
   --work (rlkit's resume: the loop checkpoints at the step a stop request ends on, so an arm spans device
   calls). Stops cleanly once M minutes have passed (the current step completes and is checkpointed), then
   prints every new step (train reward, held-out reward, K3 KL, mismatch_count / max_abs_diff, ratio
-  spread, clipped fraction, grad norm, response length) and exports the store to --out/learning-PATH/
+  spread, clipped fraction, grad norm, response length, the sampled tokens' mean -log p as entropy estimate) and exports the store to --out/learning-PATH/
   (per-token data of every k-th step, k chosen to fit the device channel's 16 MiB a file).
 
 On the lent H200 (rlkit installed editable first, offline; the data travel in an ignored folder):
@@ -62,21 +62,25 @@ def print_steps(path: str, steps) -> None:
         held = "      -" if s.heldout_reward is None else f"{s.heldout_reward:7.3f}"
         grad = "-" if s.grad_norm is None else f"{s.grad_norm:.3g}"
         length = "-" if s.response_tokens_mean is None else f"{s.response_tokens_mean:.2f}"
+        entropy = "-" if s.entropy_estimate is None else f"{s.entropy_estimate:.3f}"
         print(f"{path:6} step {s.step:4d} reward {s.reward_mean:.3f} held-out {held} k3_kl {s.k3_kl:.3e} "
               f"mismatch {s.mismatch_count:5d}/{s.compared_tokens:<5d} max|d| {s.max_abs_diff:.3g} "
               f"ratio [{s.ratio_min:.4f}, {s.ratio_max:.4f}] clipped {s.clip_fraction:.4f} grad {grad} "
-              f"len {length} step {s.timings['step_s']:.2f}s", flush=True)
+              f"len {length} entropy~ {entropy} step {s.timings['step_s']:.2f}s", flush=True)
 
 
 def arm_phase(args) -> int:
     run_dir = Path(args.work) / f"arm-{args.path}"
     cfg = learning_0_6b(path=args.path, steps=args.steps, init_checkpoint=str(args.ckpt),
                         **(DRY_ARM if args.dry_run else {}))
-    before = 0
+    before, wall = 0, 0.0
     if (run_dir / DB_NAME).exists():
         with RunStore.open(run_dir, readonly=True) as s:
-            before = len(s.steps())
-    wall = timed_run(run_dir, cfg, args.minutes)
+            before, planned = len(s.steps()), s.config()["steps"]
+        if before >= planned:
+            print(f"{args.path}: all {planned} steps are in {run_dir} already; nothing to run", flush=True)
+    if not (run_dir / DB_NAME).exists() or before < planned:
+        wall = timed_run(run_dir, cfg, args.minutes)
     with RunStore.open(run_dir, readonly=True) as store:
         steps = store.steps()
         print_steps(args.path, steps[before:])

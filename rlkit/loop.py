@@ -158,6 +158,13 @@ def _init_info(path, manifest: dict) -> dict:
             "stopped_because": made_by.get("stopped_because")}
 
 
+def _entropy_estimate(results) -> float | None:
+    """Mean -log p of the sampled tokens under the distribution they were sampled from (raw = sampling
+    distribution here): E_y~p[-log p(y)] is the entropy, so this estimates the per-token entropy."""
+    lps = [lp for r in results for lp in (r.raw_logprobs or [])]
+    return -sum(lps) / len(lps) if lps else None
+
+
 def _record_running(store: RunStore, resumed: bool) -> None:
     store.set_info("run_state", {"state": "running", "pid": os.getpid(), "since": time.time(), "resumed": resumed})
 
@@ -295,7 +302,8 @@ def _steps(store: RunStore, cfg: RunConfig, runner, task, tok, contract, start: 
             first_divergence=first, valid=not bad_sync,
             invalid_reason=f"checksum not acknowledged by {bad_sync[0].engine_id}" if bad_sync else "",
             heldout_reward=None if heldout is None else heldout.reward, grad_norm=stats.get("grad_norm"),
-            response_tokens_mean=sum(len(r.token_ids) for r in results) / len(results))
+            response_tokens_mean=sum(len(r.token_ids) for r in results) / len(results),
+            entropy_estimate=None if processed else _entropy_estimate(results))
         if replaying:  # committed before the resume: it must come out the same, and stays as it is
             rundir.replay_check(store, step, records, recomputes, checksum)
         ckpt = None

@@ -361,11 +361,16 @@ class StepSummary(_Record):
     """The update's global gradient norm before clipping; None where not recorded (older stores, imports)."""
     response_tokens_mean: float | None = None
     """Mean response length in tokens over the step's records (the stop token included)."""
+    entropy_estimate: float | None = None
+    """Mean of -log p over the sampled response tokens (the rollout's raw logprobs): a Monte Carlo estimate
+    of the policy's per-token entropy, unbiased when the sampling is the model's own distribution
+    (temperature 1, no top-k / top-p); None otherwise (it would estimate a cross-entropy)."""
 
     _FLOATS: ClassVar[tuple[str, ...]] = (
         "max_abs_diff", "mean_abs_diff", "k3_kl", "ratio_mean", "ratio_min", "ratio_max", "ratio_outside",
         "loss", "reward_mean", "reward_std", "clip_fraction")
-    _OPTIONAL_FLOATS: ClassVar[tuple[str, ...]] = ("heldout_reward", "grad_norm", "response_tokens_mean")
+    _OPTIONAL_FLOATS: ClassVar[tuple[str, ...]] = ("heldout_reward", "grad_norm", "response_tokens_mean",
+                                                   "entropy_estimate")
 
     def __post_init__(self) -> None:
         self._int("step", "weight_version", "compared_tokens", "mismatch_count")

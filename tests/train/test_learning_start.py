@@ -133,6 +133,9 @@ def test_two_arms_start_from_the_same_bits_and_record_the_held_out_reward(tmp_pa
                           heldout_every=2, heldout_prompts=4, locate_every=0)
         with run(tmp_path / path, cfg, progress=False) as store:
             stores[path] = (store.versions()[0], store.info("init_checkpoint"), store.steps())
+            for s in store.steps():  # the entropy estimate is the sampled tokens' mean -log p (identity sampling)
+                lps = [lp for r in store.records(s.step) for lp in r.rollout_logprobs]
+                assert s.entropy_estimate == pytest.approx(-sum(lps) / len(lps), rel=1e-12)
     for version0, info, steps in stores.values():
         assert version0.checksum == manifest["weights_checksum"] == info["weights_checksum"]
         assert [s.heldout_reward is not None for s in steps] == [True, False]
