@@ -3,6 +3,8 @@
     rlkit parity --preset tiny --path strict --json
     rlkit run --preset tiny --task arith --steps 50 --path strict --run-dir runs/a
     rlkit run --resume runs/a
+    rlkit warmstart --preset tiny --task add2 --max-steps 200 --out ckpt/warm
+    rlkit run --preset tiny --task add2 --init-from ckpt/warm --heldout-every 10 --run-dir runs/b
     rlkit report runs/a [--json] [--check]
     rlkit import slime dumps/run --run-dir runs/slime-run
     rlkit export runs/a --to rlkit|tensorboard|wandb [--out PATH]
@@ -107,6 +109,8 @@ RUN_SETTINGS = (
     ("samples", "samples_per_prompt", None), ("max_tokens", "max_tokens", None),
     ("temperature", "temperature", None), ("dtype", "dtype", None), ("device", "device", None),
     ("warm_start", "warm_start_steps", None), ("threads", "threads", None),
+    ("init_from", "init_checkpoint", None), ("heldout_every", "heldout_every", None),
+    ("heldout_prompts", "heldout_prompts", None),
 )
 RUN_HELP = """\
 A new run: --run-dir DIR (a new or empty directory). Every value is checked before anything is created
@@ -123,6 +127,7 @@ refused and writes nothing."""
 
 def _add_run(sub) -> None:
     from rlkit.contract import NAMES
+    from rlkit.data.tasks import TASKS
     from rlkit.model.config import MODEL_PRESETS
 
     p = sub.add_parser("run", help="run RL (rollout, reward, recompute, divergence, update, sync)",
@@ -130,7 +135,7 @@ def _add_run(sub) -> None:
     p.add_argument("--run-dir", help="a new (empty) directory for the run store")
     p.add_argument("--resume", metavar="DIR", help="continue a killed or stopped run from its last checkpoint")
     p.add_argument("--preset", choices=sorted(MODEL_PRESETS), help="model preset (default tiny)")
-    p.add_argument("--task", choices=["arith", "gsm8k", "dapo"], help="default arith")
+    p.add_argument("--task", choices=list(TASKS), help="default arith (add2 / add3: multi-digit addition)")
     p.add_argument("--steps", type=bounded_positive_int, help="default 50")
     p.add_argument("--contract", choices=list(NAMES),
                    help=f"the numerics contract (default {next(iter(NAMES))}, the newest)")
@@ -155,6 +160,12 @@ def _add_run(sub) -> None:
     p.add_argument("--dtype", choices=["bf16", "fp32"])
     p.add_argument("--device", help="cpu | cuda | cuda:N (must exist here)")
     p.add_argument("--warm-start", type=bounded_nonneg_int, help="supervised arithmetic steps first")
+    p.add_argument("--init-from", metavar="DIR",
+                   help="start from an init checkpoint (`rlkit warmstart --out DIR`) instead of the seeded init: "
+                        "its checksum goes into the store; a missing or changed folder is refused")
+    p.add_argument("--heldout-every", type=bounded_nonneg_int,
+                   help="measure the reward on the task's fixed held-out set every N steps (default 0: never)")
+    p.add_argument("--heldout-prompts", type=bounded_positive_int, help="held-out prompts (default 64)")
     p.add_argument("--threads", type=bounded_nonneg_int,
                    help="torch threads (the lab preset uses 1: the strict CPU references run many small ops)")
     p.add_argument("--no-progress", action="store_true")
@@ -192,7 +203,7 @@ def run_config_from_args(args):
     values.update(_given(args))
     base = lab_default() if values["task"] == "arith" and values["preset"] == "tiny" else RunConfig()
     overrides = {field: _field_value(flag, values[flag]) for flag, field, _ in RUN_SETTINGS if flag in values}
-    if values["task"] != "arith" and "warm_start" not in values:
+    if (values["task"] != "arith" or "init_from" in values) and "warm_start" not in values:
         overrides["warm_start_steps"] = 0
     return base.replace(**overrides)
 
@@ -286,6 +297,107 @@ def _stop_all(loggers: list) -> None:
             errors.append(e)
     if errors:
         raise RuntimeError(f"--log-to: {type(errors[0]).__name__}: {errors[0]}")
+
+
+# -- rlkit warmstart ---------------------------------------------------------------------------------
+WARMSTART_HELP = """\
+The supervised phase before RL: train the seeded model (or --init-from an earlier phase's checkpoint) on a
+synthetic task's training split, measure the mean reward on its held-out split every --eval-every steps
+(--decode sample at --temperature, like the RL rollouts, or greedy), and stop as soon as it lies in
+--target LOW HIGH, or at --max-steps / --max-minutes. The weights go to --out (a new or empty folder) as an
+init checkpoint: the Hugging Face layout plus init_checkpoint.json (weights checksum, SHA-256, the
+evaluation history, why it stopped). `rlkit run --init-from DIR` starts RL from it. --preset-run 0.6b
+takes the learning runs' settings (qwen3-0.6b, bf16, cuda, add2); flags given on top override them."""
+
+
+def _add_warmstart(sub) -> None:
+    from rlkit.data.tasks import TASKS
+    from rlkit.heldout import DECODES
+    from rlkit.model.config import MODEL_PRESETS
+
+    p = sub.add_parser("warmstart", help="supervised phase until a held-out reward band; saves an init checkpoint",
+                       description=WARMSTART_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="a new or empty folder for the init checkpoint")
+    p.add_argument("--preset-run", choices=["0.6b"], help="the learning runs' settings (rlkit.warmstart.warmstart_0_6b)")
+    p.add_argument("--preset", choices=sorted(MODEL_PRESETS), help="model preset (default tiny)")
+    p.add_argument("--task", choices=[n for n, t in TASKS.items() if t.generate], help="default add2")
+    p.add_argument("--dtype", choices=["bf16", "fp32"])
+    p.add_argument("--device", help="cpu | cuda | cuda:N (must exist here)")
+    p.add_argument("--seed", type=bounded_nonneg_int)
+    p.add_argument("--batch-size", type=bounded_positive_int)
+    p.add_argument("--lr", type=positive_float)
+    p.add_argument("--warmup", type=bounded_nonneg_int, help="steps of linear learning-rate warmup")
+    p.add_argument("--backend", choices=["rlkit", "transformers"],
+                   help="which forward trains (default rlkit; transformers: padded batches, bf16 autocast on CUDA)")
+    p.add_argument("--tf32", choices=["on", "off"], help="TF32 GEMMs in the training step (default: on for CUDA)")
+    p.add_argument("--max-steps", type=bounded_positive_int)
+    p.add_argument("--max-minutes", type=positive_float)
+    p.add_argument("--eval-every", type=bounded_positive_int)
+    p.add_argument("--eval-prompts", type=bounded_positive_int)
+    p.add_argument("--decode", choices=list(DECODES))
+    p.add_argument("--temperature", type=positive_float)
+    p.add_argument("--target", nargs=2, type=finite_float, metavar=("LOW", "HIGH"),
+                   help="held-out reward band that ends the phase (default 0.2 0.6)")
+    p.add_argument("--init-from", metavar="DIR", help="continue from an init checkpoint (the optimizer starts fresh)")
+    p.add_argument("--threads", type=bounded_nonneg_int)
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the checkpoint's manifest as JSON on stdout")
+    p.set_defaults(func=_cmd_warmstart)
+
+
+# flag -> WarmStartConfig field
+WARMSTART_FIELDS = (("preset", "model"), ("task", "task"), ("dtype", "dtype"), ("device", "device"), ("seed", "seed"),
+                    ("batch_size", "batch_size"), ("lr", "lr"), ("backend", "backend"), ("warmup", "warmup_steps"),
+                    ("max_steps", "max_steps"), ("max_minutes", "max_minutes"), ("eval_every", "eval_every"),
+                    ("eval_prompts", "eval_prompts"), ("decode", "decode"), ("temperature", "temperature"),
+                    ("init_from", "init_from"), ("threads", "threads"))
+
+
+def warmstart_config_from_args(args):
+    from rlkit.model.config import DTYPE_ALIASES
+    from rlkit.warmstart import WarmStartConfig, warmstart_0_6b
+
+    values = {field: getattr(args, flag) for flag, field in WARMSTART_FIELDS if getattr(args, flag) is not None}
+    if "dtype" in values:
+        values["dtype"] = DTYPE_ALIASES[values["dtype"]]
+    if args.tf32 is not None:
+        values["tf32"] = args.tf32 == "on"
+    if args.target is not None:
+        values["target_low"], values["target_high"] = args.target
+    return warmstart_0_6b(**values) if args.preset_run == "0.6b" else WarmStartConfig(**values)
+
+
+def _cmd_warmstart(args) -> int:
+    from rlkit.warmstart import supervised_phase
+
+    try:
+        cfg = warmstart_config_from_args(args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def show(row: dict) -> None:
+        print(f"warmstart: step {row['step']}: held-out reward {row['reward']:.3f} over {row['n']} prompts "
+              f"({row['elapsed_s']:.0f} s)", file=sys.stderr)
+
+    from rlkit.train.warm_start import WarmStartStopped
+
+    try:
+        with _stdout_to_stderr() if args.json else contextlib.nullcontext():
+            manifest = supervised_phase(cfg, args.out, progress=not args.no_progress, stop=stop, log=show)
+    except WarmStartStopped as e:
+        print(f"rlkit warmstart: {e}; no checkpoint was written", file=sys.stderr)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    made = manifest["made_by"]
+    print(f"warmstart: wrote {args.out} after {made['steps']} steps ({made['stopped_because']}): held-out reward "
+          f"{made['heldout']['reward']:.3f} ({'in' if made['in_band'] else 'NOT in'} the band "
+          f"{cfg.target_low}-{cfg.target_high}), weights checksum {manifest['weights_checksum']}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(manifest))
+    return 0
 
 
 # -- rlkit import / export -----------------------------------------------------------------------------
@@ -424,6 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _add_parity(sub)
     _add_run(sub)
+    _add_warmstart(sub)
     _add_report(sub)
     _add_import(sub)
     _add_export(sub)

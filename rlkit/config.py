@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from rlkit.contract import NAMES, OPS, V2_NAME, V4_NAME, NumericsContract
+from rlkit.data.tasks import TASKS
 from rlkit.rollout.engine import EngineConfig
 from rlkit.train.trainer import OptimConfig
 from rlkit.types import DEFAULT_MAX_TOKENS, SamplingParams
@@ -33,7 +34,7 @@ class RunConfig:
     keeps it."""
     device: str = "cpu"
     task: str = "arith"
-    """arith | gsm8k | dapo"""
+    """arith | add2 | add3 | gsm8k | dapo (rlkit.data.tasks.TASKS)"""
     steps: int = 50
     contract_name: str = V4_NAME
     """The numerics contract (a released name, rlkit.contract.NAMES; the newest by default). A store
@@ -63,6 +64,17 @@ class RunConfig:
     gives the validation run moving weights."""
     warm_start_steps: int = 0
     """Supervised steps on the arithmetic task before step 0 (tiny models need a start to learn)."""
+    init_checkpoint: str = ""
+    """A warm-start checkpoint folder (`rlkit warmstart`, rlkit/model/init_checkpoint.py) whose weights
+    are version 0 instead of the seeded init: its model shape and dtype must be the run's, and the weights
+    loaded must have the checksum its manifest recorded. The run stores that checksum ("init_checkpoint"
+    in the store's info) and version 0 of the timeline carries it, so two arms started from one folder
+    provably start from the same bits. Empty: the seeded init (and `warm_start_steps`)."""
+    heldout_every: int = 0
+    """Measure the reward on the task's fixed held-out set (`heldout_prompts` prompts, one sample each, the
+    run's sampling) with the weights of every this many steps, before that step's rollout; stored in the
+    step's summary (`heldout_reward`). 0: never."""
+    heldout_prompts: int = 64
     optim: OptimConfig = field(default_factory=OptimConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     runner: str = "local"
@@ -103,8 +115,12 @@ class RunConfig:
         for op, path in self.ops:
             if op not in OPS or path not in ("strict", "native"):
                 problems.append(f"ops {op}={path}")
-        if self.task not in ("arith", "gsm8k", "dapo"):
-            problems.append(f"task={self.task!r} (arith | gsm8k | dapo)")
+        if self.task not in TASKS:
+            problems.append(f"task={self.task!r} ({' | '.join(TASKS)})")
+        if self.init_checkpoint and self.warm_start_steps:
+            problems.append("init_checkpoint and warm_start_steps: a run starts from one or the other")
+        if self.heldout_every and self.heldout_prompts < 1:
+            problems.append("heldout_prompts must be >= 1 when heldout_every is set")
         if self.runner not in ("local", "ray"):
             problems.append(f"runner={self.runner!r} (local | ray)")
         if self.trainer not in ("embedded", "megatron"):
@@ -124,7 +140,7 @@ class RunConfig:
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         for name in ("max_tokens", "staleness", "warm_start_steps", "locate_every", "threads", "seed",
-                     "checkpoint_every", "shaping"):
+                     "checkpoint_every", "shaping", "heldout_every", "heldout_prompts"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if problems:
@@ -213,5 +229,20 @@ def validation_0_6b(**overrides) -> RunConfig:
     return cfg.replace(**overrides)
 
 
-RUN_PRESETS = {"lab": lab_default, "validation-0.6b": validation_0_6b}
+def learning_0_6b(**overrides) -> RunConfig:
+    """One arm of the learning runs (lab/learning_h200.py): qwen3-0.6b shape started from a warm-start
+    checkpoint (`init_checkpoint`, rlkit/warmstart.py), two-digit addition, seed 1234, 16 prompts x 16
+    samples a step (group spread for GRPO), the task's 6-token answers, the held-out reward (256 prompts)
+    every 10 steps, a checkpoint every 50 steps and where a stop request ends a device call. The learning
+    rate is a first guess for RL after a supervised start (not tuned yet)."""
+    cfg = RunConfig(model="qwen3-0.6b", dtype="bfloat16", device="cuda", task="add2", steps=300, seed=1234,
+                    prompts_per_step=16, samples_per_prompt=16, locate_every=0, checkpoint_every=50,
+                    heldout_every=10, heldout_prompts=256,
+                    engine=EngineConfig(page_size=16, num_pages=4096, max_num_seqs=256, max_batch_tokens=8192,
+                                        max_model_len=128),
+                    optim=OptimConfig(lr=5e-6, max_batch_tokens=16384))
+    return cfg.replace(**overrides)
+
+
+RUN_PRESETS = {"lab": lab_default, "validation-0.6b": validation_0_6b, "learning-0.6b": learning_0_6b}
 """Run presets by name (complete RunConfigs); model presets are rlkit.model.MODEL_PRESETS."""

@@ -25,7 +25,10 @@ from rlkit import hardware, rundir
 from rlkit.bitwise import bitwise_equal
 from rlkit.config import RunConfig
 from rlkit.data.rewards import ascii_share
+from rlkit.data.tasks import TASKS
 from rlkit.divergence import check_fingerprints, logprob_divergence
+from rlkit.heldout import HeldoutSet
+from rlkit.model.init_checkpoint import load_init_checkpoint
 from rlkit.model.tokenizer import chat_prompt_ids, decode, load_tokenizer
 from rlkit.rollout.types import GenerationRequest
 from rlkit.runners import SyncError, make_runner, seeded_model
@@ -72,19 +75,31 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
             torch.set_num_threads(cfg.threads)
         model = seeded_model(cfg)
         tok = load_tokenizer()
+        init = None
+        if ckpt is None and cfg.init_checkpoint:  # version 0 is the init checkpoint's weights
+            stored_init = store.info("init_checkpoint") if store is not None else None
+            init = load_init_checkpoint(model, cfg.init_checkpoint, model_name=cfg.model, dtype=cfg.dtype,
+                                        expect_checksum=stored_init["weights_checksum"] if stored_init else None)
         if store is None:
             store = RunStore.create(run_dir, cfg.to_dict())
             store.set_info("platform", {**hardware.describe(), "device": cfg.device, "dtype": cfg.dtype,
                                         "dtype_reason": dtype_reason})
             _record_running(store, resumed=False)
+            if init is not None:
+                store.set_info("init_checkpoint", _init_info(cfg.init_checkpoint, init))
         if ckpt is None and cfg.warm_start_steps:  # a checkpoint holds weights from after the warm start
             # a new run shows its warm start on the dashboard; a resume writes nothing before its checks pass
             report = None if resume else (lambda p: store.set_info("progress", p.to_dict()))
-            warm_start(model, cfg.warm_start_steps, seed=cfg.seed, progress=progress, stop=stop, on_step=report)
+            warm_task = cfg.task if TASKS[cfg.task].generate is not None else "arith"
+            warm_start(model, cfg.warm_start_steps, seed=cfg.seed, task=warm_task, progress=progress, stop=stop,
+                       on_step=report)
         runner = make_runner(cfg, model, contract, **(runner_kwargs or {}))
         stored = {v.version: v for v in store.versions()}
         if ckpt is None:  # start (or restart) from the initial weights: version 0, synced to every engine
             checksum = runner.publish(0)
+            if init is not None and checksum != init["weights_checksum"]:
+                raise RuntimeError(f"version 0 has weights checksum {checksum}, the init checkpoint "
+                                   f"{cfg.init_checkpoint} recorded {init['weights_checksum']}")
             syncs = runner.sync(0, checksum)
             rundir.check_weights(store, stored.get(0), syncs, "the initial weights (seed, preset, warm start)")
             store.commit_initial([] if 0 in stored else
@@ -134,6 +149,22 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
         lock.release()
 
 
+def _init_info(path, manifest: dict) -> dict:
+    """What the store keeps about the init checkpoint: where, which bits, and what made it."""
+    made_by = manifest.get("made_by") or {}
+    return {"path": str(path), "weights_checksum": manifest["weights_checksum"],
+            "safetensors_sha256": manifest["safetensors_sha256"], "model": manifest["model"],
+            "dtype": manifest["dtype"], "heldout": made_by.get("heldout"), "steps": made_by.get("steps"),
+            "stopped_because": made_by.get("stopped_because")}
+
+
+def _entropy_estimate(results) -> float | None:
+    """Mean -log p of the sampled tokens under the distribution they were sampled from (raw = sampling
+    distribution here): E_y~p[-log p(y)] is the entropy, so this estimates the per-token entropy."""
+    lps = [lp for r in results for lp in (r.raw_logprobs or [])]
+    return -sum(lps) / len(lps) if lps else None
+
+
 def _record_running(store: RunStore, resumed: bool) -> None:
     store.set_info("run_state", {"state": "running", "pid": os.getpid(), "since": time.time(), "resumed": resumed})
 
@@ -164,6 +195,8 @@ def _steps(store: RunStore, cfg: RunConfig, runner, task, tok, contract, start: 
     `resyncs` are recorded only once they all are: a resume that finds a difference changes nothing."""
     run_dir = store.run_dir
     version = start
+    held = (HeldoutSet.build(cfg.task, cfg.heldout_prompts, cfg.sampling(task.default_max_tokens), tok)
+            if cfg.heldout_every else None)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -192,6 +225,12 @@ def _steps(store: RunStore, cfg: RunConfig, runner, task, tok, contract, start: 
                                            contract.fingerprint(), req.request_id))
         if toggles:
             runner.set_contract(contract)
+
+        # the fixed held-out set, with the weights of this step (not on a recomputed step: it stays as stored)
+        heldout = None
+        if held is not None and step % cfg.heldout_every == 0 and not replaying:
+            heldout = held.score(runner.generate(held.requests(), step), tok)
+        t_heldout = time.time()
 
         # 2. rollout at weight version `version`
         problems = task.problems(step, cfg.prompts_per_step, cfg.seed)
@@ -257,10 +296,14 @@ def _steps(store: RunStore, cfg: RunConfig, runner, task, tok, contract, start: 
             clip_fraction=stats["clip_fraction"],
             ops_paths=contract.op_paths(),
             contract_fingerprint=contract.fingerprint(),
-            timings={"rollout_s": t_rollout - t0, "train_s": t_train - t_rollout, "sync_s": t_sync - t_train,
-                     "step_s": time.time() - t0, "tokens": float(div.compared_tokens)},
+            timings={"rollout_s": t_rollout - t_heldout, "train_s": t_train - t_rollout, "sync_s": t_sync - t_train,
+                     "step_s": time.time() - t0, "tokens": float(div.compared_tokens),
+                     **({} if heldout is None else {"heldout_s": t_heldout - t0})},
             first_divergence=first, valid=not bad_sync,
-            invalid_reason=f"checksum not acknowledged by {bad_sync[0].engine_id}" if bad_sync else "")
+            invalid_reason=f"checksum not acknowledged by {bad_sync[0].engine_id}" if bad_sync else "",
+            heldout_reward=None if heldout is None else heldout.reward, grad_norm=stats.get("grad_norm"),
+            response_tokens_mean=sum(len(r.token_ids) for r in results) / len(results),
+            entropy_estimate=None if processed else _entropy_estimate(results))
         if replaying:  # committed before the resume: it must come out the same, and stays as it is
             rundir.replay_check(store, step, records, recomputes, checksum)
         ckpt = None
@@ -282,7 +325,8 @@ def _steps(store: RunStore, cfg: RunConfig, runner, task, tok, contract, start: 
         version += 1
         if bar is not None:
             bar.set_postfix(reward=f"{summary.reward_mean:.2f}", mismatch=div.mismatch_count,
-                            max_abs_diff=f"{div.max_abs_diff:.3g}")
+                            max_abs_diff=f"{div.max_abs_diff:.3g}",
+                            **({} if heldout is None else {"heldout": f"{heldout.reward:.3f}"}))
             bar.update(1)
     if bar is not None:
         bar.close()

@@ -75,18 +75,7 @@ def preflight(cfg: RunConfig) -> None:
     """Refuse, in one line (ValueError) and before anything is created, values the run cannot use: a device
     this machine does not have, a non-finite temperature, more new tokens than a sequence may hold, a
     Megatron trainer layout the model's shape does not split into."""
-    try:
-        device = torch.device(cfg.device)
-    except (RuntimeError, ValueError) as e:
-        raise ValueError(f"device {cfg.device!r} is not a device name ({' '.join(str(e).split())}); "
-                         f"use cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {cfg.device!r}: this torch has no usable CUDA device here")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device {cfg.device!r}: there are {torch.cuda.device_count()} CUDA devices here")
-    elif device.type != "cpu":
-        raise ValueError(f"device {cfg.device!r}: rlkit runs on cpu or cuda[:N]")
+    check_device(cfg.device)
     if not math.isfinite(cfg.temperature) or cfg.temperature <= 0:
         raise ValueError(f"temperature {cfg.temperature!r}: expected a finite number > 0 (top_k=1 for greedy)")
     if cfg.trainer == "megatron" and cfg.trainer_ranks > 1:
@@ -101,6 +90,22 @@ def preflight(cfg: RunConfig) -> None:
     if cfg.max_tokens > room:
         raise ValueError(f"max_tokens {cfg.max_tokens}: a sequence holds at most {room + 1} tokens here "
                          f"(engine max_model_len {cfg.engine.max_model_len}), the prompt included")
+
+
+def check_device(name: str) -> None:
+    """Refuse (ValueError, one line) a device name this machine does not have."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"device {name!r} is not a device name ({' '.join(str(e).split())}); "
+                         f"use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {name!r}: this torch has no usable CUDA device here")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: there are {torch.cuda.device_count()} CUDA devices here")
+    elif device.type != "cpu":
+        raise ValueError(f"device {name!r}: rlkit runs on cpu or cuda[:N]")
 
 
 def prepare_task(cfg: RunConfig):
@@ -168,8 +173,14 @@ def open_for_resume(run_dir: Path):
 
 
 def create(run_dir: Path, cfg: RunConfig):
-    """Validate a new run and take its directory's lock; nothing is created when a check fails."""
+    """Validate a new run and take its directory's lock; nothing is created when a check fails. A new
+    run's init checkpoint must hold its model shape in its (resolved) dtype; a resume reloads it only when
+    no step checkpoint exists yet, and checks it then (rlkit/loop.py)."""
     preflight(cfg)
+    if cfg.init_checkpoint:
+        from rlkit.model.init_checkpoint import check_init_checkpoint
+
+        check_init_checkpoint(cfg.init_checkpoint, model_name=cfg.model, dtype=cfg.dtype)
     task = prepare_task(cfg)
     RunStore.check_new(run_dir)
     made = not run_dir.exists()

@@ -91,6 +91,9 @@ def test_contract_applies_path_then_ops():
     ({"trainer_cp": 0}, "trainer_cp must be >= 1"),
     ({"steps": 0}, "steps must be >= 1"),
     ({"seed": -1}, "seed must be >= 0"),
+    ({"init_checkpoint": "ckpt/warm", "warm_start_steps": 3}, "a run starts from one or the other"),
+    ({"heldout_every": -1}, "heldout_every must be >= 0"),
+    ({"heldout_every": 5, "heldout_prompts": 0}, "heldout_prompts must be >= 1"),
 ])
 def test_bad_values_are_refused_in_one_message(kw, needle):
     with pytest.raises(ValueError) as exc:
@@ -101,7 +104,7 @@ def test_bad_values_are_refused_in_one_message(kw, needle):
 
 def test_model_presets_and_run_presets_are_named_apart():
     assert set(MODEL_PRESETS) == {"tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"}
-    assert set(RUN_PRESETS) == {"lab", "validation-0.6b"}
+    assert set(RUN_PRESETS) == {"lab", "validation-0.6b", "learning-0.6b"}
     for name, make in RUN_PRESETS.items():
         cfg = make()
         assert isinstance(cfg, RunConfig) and cfg.model in MODEL_PRESETS, name

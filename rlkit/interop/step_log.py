@@ -43,6 +43,8 @@ def step_metrics(summary: StepSummary, extra: dict[str, float] | None = None) ->
     out = {f"rlkit/{k}": float(getattr(summary, k)) for k in _SUMMARY_FIELDS}
     out["rlkit/ratio_spread"] = summary.ratio_max - summary.ratio_min
     out["rlkit/valid"] = float(summary.valid)
+    out.update({f"rlkit/{k}": float(getattr(summary, k)) for k in StepSummary._OPTIONAL_FLOATS
+                if getattr(summary, k) is not None})
     out.update({f"rlkit/time/{k}": float(v) for k, v in summary.timings.items()})
     out.update({k: float(v) for k, v in (extra or {}).items()})
     return {k: v for k, v in out.items() if math.isfinite(v)}

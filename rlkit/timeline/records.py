@@ -354,14 +354,28 @@ class StepSummary(_Record):
     """False when the step failed (e.g. an engine acknowledged a wrong checksum): nothing from it counts."""
     invalid_reason: str = ""
     """Why the step is not valid (one line); empty when valid."""
+    heldout_reward: float | None = None
+    """Mean reward on the task's fixed held-out set with the weights this step rolled out with
+    (RunConfig.heldout_every); None on steps that did not measure it, and in stores written before."""
+    grad_norm: float | None = None
+    """The update's global gradient norm before clipping; None where not recorded (older stores, imports)."""
+    response_tokens_mean: float | None = None
+    """Mean response length in tokens over the step's records (the stop token included)."""
+    entropy_estimate: float | None = None
+    """Mean of -log p over the sampled response tokens (the rollout's raw logprobs): a Monte Carlo estimate
+    of the policy's per-token entropy, unbiased when the sampling is the model's own distribution
+    (temperature 1, no top-k / top-p); None otherwise (it would estimate a cross-entropy)."""
 
     _FLOATS: ClassVar[tuple[str, ...]] = (
         "max_abs_diff", "mean_abs_diff", "k3_kl", "ratio_mean", "ratio_min", "ratio_max", "ratio_outside",
         "loss", "reward_mean", "reward_std", "clip_fraction")
+    _OPTIONAL_FLOATS: ClassVar[tuple[str, ...]] = ("heldout_reward", "grad_norm", "response_tokens_mean",
+                                                   "entropy_estimate")
 
     def __post_init__(self) -> None:
         self._int("step", "weight_version", "compared_tokens", "mismatch_count")
         self._float(*self._FLOATS)
+        self._float(*(n for n in self._OPTIONAL_FLOATS if getattr(self, n) is not None))
         self._str("contract_fingerprint", "invalid_reason")
         if not isinstance(self.valid, bool):
             raise _fail("StepSummary", "valid", f"expected a bool, got {self.valid!r}")

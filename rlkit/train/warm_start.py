@@ -1,14 +1,21 @@
-"""The supervised warm start: a brief start on the arithmetic task, so a tiny model's reward begins above zero
-and RL has something to improve.
+"""The supervised warm start: a start on a synthetic task with a checked answer (rlkit.data.tasks: "arith"
+by default, "add2"/"add3" for the learning runs), so the policy's reward begins above zero and RL has
+something to improve.
 
-Each step trains on a seeded batch of "a+b" problems (prompt -> "sum<|im_end|>"; only the answer tokens are
-trained, so a step costs a few lm_head rows). No comparison is at stake here -- the warm start ends before
+Each step trains on a seeded batch of the task's training split (chat prompt -> "answer<|im_end|>"; only the
+answer tokens are trained, so a step costs a few lm_head rows). No comparison is at stake here -- the warm start ends before
 weight version 0, whose checksum the timeline records -- so it uses the native ops and computes in fp32
 whatever the model's dtype (CPUs without AMX or AVX-512 BF16 run torch's bf16 GEMMs on a slow fallback;
 measured on an AVX2-only EPYC: ~15 s a step in bf16), then rounds the weights back to the model's dtype once.
 
 It stops between two steps when `stop` is set (SIGTERM, Ctrl-C) by raising `WarmStartStopped`, and reports
-each step to `on_step` (the run writes it to its store, where the dashboard shows it).
+each step to `on_step` (the run writes it to its store, where the dashboard shows it). `until` ends it early
+without an error: called after each step (weights still in fp32; an evaluator copies them into an engine of
+the model's dtype), a true result ends the warm start there (rlkit/warmstart.py stops on a held-out reward
+band this way). On a GPU, `tf32` lets the fp32 GEMMs of the forward and backward use TF32 tensor cores
+(torch.set_float32_matmul_precision("high"), set around each step's compute and restored after it, so
+nothing else in the process, the evaluator included, runs under it); bf16 autocast is no option here, as
+rlkit's ops refuse operands of mixed dtypes.
 
     from rlkit.train.warm_start import warm_start
     losses = warm_start(model, steps=100, seed=0)
@@ -16,6 +23,7 @@ each step to `on_step` (the run writes it to its store, where the dashboard show
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -24,9 +32,9 @@ from typing import Callable
 import torch
 
 from rlkit import NumericsContract, ops
-from rlkit.data.arith import arith_problems
+from rlkit.data.tasks import task as get_task
 from rlkit.model.qwen3 import ForwardBatch
-from rlkit.model.tokenizer import EOS_ID, chat_prompt_ids, load_tokenizer
+from rlkit.model.tokenizer import EOS_ID, PAD_ID, chat_prompt_ids, load_tokenizer
 
 
 class WarmStartStopped(Exception):
@@ -50,6 +58,20 @@ class WarmStartProgress:
                 "elapsed_s": self.elapsed_s, "eta_s": self.eta_s}
 
 
+@contextlib.contextmanager
+def _tf32(on: bool):
+    """fp32 matmuls may use TF32 inside (when `on`); the previous precision is restored on exit."""
+    if not on:
+        yield
+        return
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 def _batch(problems, tok) -> tuple[list[torch.Tensor], list[int], list[int]]:
     """Packed sequences, the rows whose next token is an answer token, and those answer tokens."""
     seqs, rows, labels, off = [], [], [], 0
@@ -63,10 +85,60 @@ def _batch(problems, tok) -> tuple[list[torch.Tensor], list[int], list[int]]:
     return seqs, rows, labels
 
 
-def warm_start(model, steps: int, seed: int, *, batch_size: int = 64, lr: float = 3e-3, progress: bool = False,
+BACKENDS = ("rlkit", "transformers")
+
+
+def _transformers_twin(model):
+    """transformers' Qwen3ForCausalLM whose parameters are `model`'s own tensors (the same objects, so
+    its updates are the model's: no copy either way). Parameter names are the same (rlkit's are Hugging
+    Face's); its own init, made first, is dropped."""
+    from transformers import Qwen3Config as HFQwen3Config
+    from transformers import Qwen3ForCausalLM as HFQwen3
+
+    with torch.device(next(model.parameters()).device):
+        twin = HFQwen3(HFQwen3Config(**model.config.to_hf()))
+    for name, param in model.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        setattr(twin.get_submodule(owner), leaf, param)
+    if model.config.tie_word_embeddings:
+        twin.lm_head.weight = twin.model.embed_tokens.weight
+    return twin
+
+
+def _padded(problems, tok, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, L], attention mask, and the (row, position) of every answer token's
+    predecessor with that answer token: the same pairs as `_batch`, laid out for a padded batch."""
+    seqs, where, labels = [], [], []
+    for i, p in enumerate(problems):
+        prompt = chat_prompt_ids(p.user_message(), tok)
+        answer = tok(p.answer, add_special_tokens=False)["input_ids"] + [EOS_ID]
+        seqs.append(prompt + answer)
+        where.extend((i, len(prompt) - 1 + j) for j in range(len(answer)))
+        labels.extend(answer)
+    width = max(len(q) for q in seqs)
+    ids = torch.full((len(seqs), width), PAD_ID, dtype=torch.int64)
+    mask = torch.zeros((len(seqs), width), dtype=torch.int64)
+    for i, q in enumerate(seqs):
+        ids[i, :len(q)] = torch.tensor(q)
+        mask[i, :len(q)] = 1
+    return ids.to(device), mask.to(device), torch.tensor(where, device=device), torch.tensor(labels, device=device)
+
+
+def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size: int = 64, lr: float = 3e-3,
+               warmup_steps: int = 0, tf32: bool = False, backend: str = "rlkit", progress: bool = False,
                stop: threading.Event | None = None,
-               on_step: Callable[[WarmStartProgress], None] | None = None) -> list[float]:
-    """Train `model` in place for `steps` supervised steps; returns the loss per step."""
+               on_step: Callable[[WarmStartProgress], None] | None = None,
+               until: Callable[[WarmStartProgress], bool] | None = None) -> list[float]:
+    """Train `model` in place for at most `steps` supervised steps on `task`'s training split (the learning
+    rate rising linearly over the first `warmup_steps`); returns the loss per step. `backend` "rlkit" runs
+    the model's own forward (packed sequences, native ops); "transformers" runs transformers' Qwen3 on the
+    same parameters over a right-padded batch (one SDPA call a layer instead of one a sequence, and bf16
+    autocast on CUDA), then the same answer-token loss through rlkit's logprob op."""
+    generate = get_task(task).generate
+    if generate is None:
+        raise ValueError(f"task {task!r} is not a synthetic task; the warm start trains on arith, add2 or add3")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     tok = load_tokenizer()
     dtype = next(model.parameters()).dtype
     model.float()
@@ -79,24 +151,44 @@ def warm_start(model, steps: int, seed: int, *, batch_size: int = 64, lr: float 
         from tqdm.auto import tqdm
         bar = tqdm(total=steps, desc="warm start", unit="step", leave=False)
     t0 = time.monotonic()
+    device = next(model.parameters()).device
+    twin = _transformers_twin(model).train() if backend == "transformers" else None
+    amp = (torch.autocast("cuda", dtype=torch.bfloat16) if twin is not None and device.type == "cuda"
+           else contextlib.nullcontext())
     model.train()
     try:
         with ops.use_contract(NumericsContract.native()):
             for step in range(steps):
                 if stop is not None and stop.is_set():
                     raise WarmStartStopped(f"stopped during the warm start after {step} of {steps} steps")
-                seqs, rows, labels = _batch(arith_problems(batch_size, seed=seed * 100_003 + step), tok)
-                hidden = model(ForwardBatch.packed(seqs))
-                loss = -model.logprobs(hidden[torch.tensor(rows)], torch.tensor(labels)).float().mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+                if warmup_steps:
+                    for group in opt.param_groups:
+                        group["lr"] = lr * min(1.0, (step + 1) / warmup_steps)
+                problems = generate(batch_size, seed * 100_003 + step, "train")
+                with _tf32(tf32):
+                    if twin is None:
+                        seqs, rows, labels = _batch(problems, tok)
+                        hidden = model(ForwardBatch.packed([s.to(device) for s in seqs]))
+                        answer_rows = hidden[torch.tensor(rows, device=device)]
+                        answers = torch.tensor(labels, device=device)
+                    else:
+                        ids, mask, where, answers = _padded(problems, tok, device)
+                        with amp:
+                            hidden = twin.model(input_ids=ids, attention_mask=mask).last_hidden_state
+                        answer_rows = hidden[where[:, 0], where[:, 1]].float()
+                    loss = -model.logprobs(answer_rows, answers).float().mean()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
                 losses.append(float(loss.detach()))
+                done = WarmStartProgress(step + 1, steps, losses[-1], time.monotonic() - t0)
                 if on_step is not None:
-                    on_step(WarmStartProgress(step + 1, steps, losses[-1], time.monotonic() - t0))
+                    on_step(done)
                 if bar is not None:
                     bar.set_postfix(loss=f"{losses[-1]:.3f}")
                     bar.update(1)
+                if until is not None and until(done):
+                    break
     finally:
         if bar is not None:
             bar.close()
