@@ -19,8 +19,9 @@ On the lent H200 (rlkit installed editable first, offline; the data travel in an
         --shapes validation,trainer-heavy --steps 4 --minutes 2
     python lab/rl_step_ratio_h200.py --dry-run --out /tmp/ratio   # CPU, tiny preset, 16-token responses
 
-Writes $OUT/rl_step_ratio.jsonl (long format: shape, path, metric, value, device, commit) and prints the
-table last. On CUDA each run also gets two memory rows: `peak_allocated_gib` (torch.cuda.max_memory_allocated,
+Writes $OUT/rl_step_ratio.jsonl (long format, the benchmarks' rows: op "rl_step", impl = the path or
+"strict/native", shape, metric, median, device, commit; `rlkit.bench.kernels.render` draws BENCHMARKS.md's
+RL-step table from them) and prints the table last. On CUDA each run also gets two memory rows: `peak_allocated_gib` (torch.cuda.max_memory_allocated,
 reset before the run) and `left_allocated_gib` (still allocated after the run returned and gc + empty_cache
 ran: the next run's starting point, ~0 when the loop released its engines and trainer). Nothing here asserts: it is a measurement.
 """
@@ -138,12 +139,12 @@ def main() -> int:
             result[path] = medians(steps)
             print(f"{name} {path}: {len(steps)} steps in {time.time() - t0:.0f} s: "
                   + " ".join(f"{k} {v:.3f}" for k, v in (result[path] | memory).items()), flush=True)
-            rows += [dict(shape=name, path=path, metric=k, value=v, device=device, commit=sha)
+            rows += [dict(op="rl_step", impl=path, shape=name, metric=k, median=v, device=device, commit=sha)
                      for k, v in (result[path] | memory).items()]
         ratio = {part: result["strict"][part] / result["native"][part] for part in PARTS
                  if result["native"][part] > 0}
-        rows += [dict(shape=name, path="strict/native", metric=k, value=v, device=device, commit=sha)
-                 for k, v in ratio.items()]
+        rows += [dict(op="rl_step", impl="strict/native", shape=name, metric=k, median=v, device=device,
+                      commit=sha) for k, v in ratio.items()]
         table.append((name, result, ratio))
         (a.out / "rl_step_ratio.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     print(f"\n{'shape':14} {'path':7} " + " ".join(f"{p:>10}" for p in PARTS) + "  (median seconds, step 0 left out)")

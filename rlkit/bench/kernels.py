@@ -419,6 +419,34 @@ def _render_gemm(rows: list[dict]) -> list[str]:
     return out
 
 
+RL_STEP_PARTS = ("step_s", "rollout_s", "train_s", "sync_s")
+
+
+def _render_rl_step(rows: list[dict]) -> list[str]:
+    """The RL step, strict against native (lab/rl_step_ratio_h200.py's rows, op "rl_step")."""
+    mine = [r for r in rows if r["op"] == "rl_step"]
+    if not mine:
+        return []
+    out = ["## RL step: strict / native (target <= 1.10)", "",
+           "Median seconds of steps 1.. (step 0 compiles and captures), the same seed and data order on both "
+           "paths; ratio = strict / native (lower is faster).", "",
+           "| shape | path | step s | rollout s | train s | sync s | mismatches / compared tokens | commit |",
+           "|---|---|---|---|---|---|---|---|"]
+    for shape in dict.fromkeys(r["shape"] for r in mine):
+        for path in ("strict", "native", "strict/native"):
+            cells = {r["metric"]: r for r in mine if r["shape"] == shape and r["impl"] == path}
+            if not cells:
+                continue
+            fmt = "{:.2f}" if path == "strict/native" else "{:.3f}"
+            parts = [fmt.format(cells[p]["median"]) if p in cells else "-" for p in RL_STEP_PARTS]
+            tokens = (f"{cells['mismatch_count']['median']:,.0f} / {cells['compared_tokens']['median']:,.0f}"
+                      if "mismatch_count" in cells else "")
+            label = f"**{path}**" if path == "strict/native" else path
+            out.append(f"| {shape} | {label} | " + " | ".join(parts) + f" | {tokens} | "
+                       f"{next(iter(cells.values()))['commit']} |")
+    return out + [""]
+
+
 def render(rows: list[dict]) -> str:
     """BENCHMARKS.md from the rows: each table only reads them."""
     if not rows:
@@ -434,6 +462,7 @@ def render(rows: list[dict]) -> str:
     out = ["# Benchmarks: strict Triton kernels vs native", "",
            f"Device: {dev}. {commits}. Ratio = native time / strict time (>= 0.9 is the target; "
            "higher is faster). Rendered by `rlkit.bench.kernels.render` from bench.jsonl.", ""]
+    out += _render_rl_step(rows)
     out += _render_gemm(rows)
     for op, title in (("attention", "Attention prefill (causal, D=128, 32 q / 8 kv heads) vs SDPA flash"),
                       ("paged_decode", "Paged decode vs native: SDPA over the same KV gathered contiguous "
