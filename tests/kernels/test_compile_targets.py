@@ -3,9 +3,10 @@ plan its plan function chooses (rlkit/bench/compile_targets.py); a compile error
 target's shared memory, an unknown plan kind or a kernel no plan compiles fails, naming kernel, plan and
 target. The negative tests show each of those failures on purpose.
 
-Cost: the whole check over every model preset (each preset's shapes choose their own GEMM tiles under
-contract v3: 0.6b's narrow layers get other tiles than 8b's) is 171 compiles, 2 forked processes, one
-fresh compile cache: 140 s on this 2-core machine beside the rest of the suite (lab/LOG.md, 2026-12-01).
+Cost: the whole check over every model preset (each preset's shapes choose their own GEMM tiles from
+contract v3 on: 0.6b's narrow layers get other tiles than 8b's; v4's attention runs its own decode and
+prefill tiles; the native control's fused kernels) is 231 compiles, 2 forked processes, one fresh compile
+cache: 160 s on this 2-core machine beside other work (lab/LOG.md, 2026-12-01 session 3).
 `python -m rlkit.bench.compile_targets` writes the same as the report in BENCHMARKS.md.
 """
 
