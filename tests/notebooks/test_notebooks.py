@@ -4,9 +4,16 @@ assert what they demonstrate (strict agrees bit for bit, the native control does
 applied), so a notebook that runs is a notebook that still shows what it says.
 
 The committed notebooks carry no outputs (checked here too): `make notebooks` opens them clean.
+
+The notebooks run two at a time, each in its own kernel (one torch thread each: the notebooks set it), so
+both of the 2 cores work; each notebook's test then reads its own notebook's outcome.
 """
 
 from __future__ import annotations
+
+import asyncio
+import os
+import shutil
 
 import nbformat
 import pytest
@@ -18,6 +25,8 @@ from tests.conftest import REPO
 NOTEBOOKS = REPO / "notebooks"
 ALL = sorted(NOTEBOOKS.glob("*.ipynb"))
 CELL_TIMEOUT_S = 600
+AT_ONCE = 2
+"""Notebooks executing at the same time (one kernel process each)."""
 
 
 def test_the_notebooks_are_there():
@@ -32,16 +41,40 @@ def test_notebook_is_committed_without_outputs(path):
     assert not dirty, f"{path.name}: cells {dirty} carry outputs; clear them before committing"
 
 
-@pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
-def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
-    monkeypatch.setenv("RLKIT_RUNS", str(tmp_path))
+async def _execute(path, runs, slots: asyncio.Semaphore) -> tuple:
+    """(the executed notebook, the error it raised or None); its runs go under `runs`."""
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS)}})
-    try:
-        client.execute()
-    except CellExecutionError as e:
-        pytest.fail(f"{path.name} failed:\n{e}")
+    async with slots:
+        try:
+            await client.async_execute(env={**os.environ, "RLKIT_RUNS": str(runs)})
+        except Exception as e:  # noqa: BLE001 - reported by this notebook's own test
+            return nb, e
+    return nb, None
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory) -> dict:
+    """{notebook path: (executed notebook, the error it raised or None, its RLKIT_RUNS folder)}."""
+    runs = {path: tmp_path_factory.mktemp(path.stem) for path in ALL}
+
+    async def all_of_them():
+        slots = asyncio.Semaphore(AT_ONCE)
+        return await asyncio.gather(*(_execute(path, runs[path], slots) for path in ALL))
+
+    yield {path: (*got, runs[path]) for path, got in zip(ALL, asyncio.run(all_of_them()))}
+    for folder in runs.values():
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
+def test_notebook_runs_top_to_bottom(path, executed):
+    nb, failure, runs = executed[path]
+    if isinstance(failure, CellExecutionError):
+        pytest.fail(f"{path.name} failed:\n{failure}")
+    if failure is not None:
+        raise failure
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, f"{path.name}: {errors[0]['ename']}: {errors[0]['evalue']}"
-    assert list(tmp_path.iterdir()), f"{path.name} wrote nothing under RLKIT_RUNS"
+    assert list(runs.iterdir()), f"{path.name} wrote nothing under RLKIT_RUNS"

@@ -144,29 +144,36 @@ def _records(run_dir):
 
 
 def test_kill_9_then_resume_is_bitwise_identical(tmp_path):
+    # the uninterrupted reference and the victim are independent processes of one torch thread each: they
+    # run side by side (2 cores); the victim's kill point is read from its own store
     ref = _cli("run", "--run-dir", str(tmp_path / "ref"), *RUN_ARGS)
-    assert ref.wait(timeout=600) == 0, ref.stderr.read()
-    victim = _cli("run", "--run-dir", str(tmp_path / "victim"), *RUN_ARGS)
-    follower = StoreFollower(tmp_path / "victim", missing_ok=True)
-    seen = []
-    deadline = time.time() + 600
-    while len(seen) < 2 and time.time() < deadline:  # kill once two steps are in, mid-way through a third
-        seen.extend(follower.poll())
-        time.sleep(0.2)
-    time.sleep(0.7)
-    victim.send_signal(signal.SIGKILL)
-    victim.wait()
-    follower.close()
-    killed_at = RunStore.open(tmp_path / "victim", readonly=True).last_step()
-    assert killed_at is not None and killed_at < 5, f"the run finished before it could be killed ({killed_at})"
-    resumed = _cli("run", "--resume", str(tmp_path / "victim"), "--no-progress")
-    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
-    ref_store, ref_records = _records(tmp_path / "ref")
-    got_store, got_records = _records(tmp_path / "victim")
-    assert len(got_records) == len(ref_records)
-    for a, b in zip(got_records, ref_records):
-        assert not bitwise_differences(a, b), bitwise_differences(a, b)
-    assert [v.checksum for v in got_store.versions()] == [v.checksum for v in ref_store.versions()]
+    try:
+        victim = _cli("run", "--run-dir", str(tmp_path / "victim"), *RUN_ARGS)
+        follower = StoreFollower(tmp_path / "victim", missing_ok=True)
+        seen = []
+        deadline = time.time() + 600
+        while len(seen) < 2 and time.time() < deadline:  # kill once two steps are in, mid-way through a third
+            seen.extend(follower.poll())
+            time.sleep(0.2)
+        time.sleep(0.7)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        follower.close()
+        killed_at = RunStore.open(tmp_path / "victim", readonly=True).last_step()
+        assert killed_at is not None and killed_at < 5, f"the run finished before it could be killed ({killed_at})"
+        resumed = _cli("run", "--resume", str(tmp_path / "victim"), "--no-progress")
+        assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
+        assert ref.wait(timeout=600) == 0, ref.stderr.read()
+        ref_store, ref_records = _records(tmp_path / "ref")
+        got_store, got_records = _records(tmp_path / "victim")
+        assert len(got_records) == len(ref_records)
+        for a, b in zip(got_records, ref_records):
+            assert not bitwise_differences(a, b), bitwise_differences(a, b)
+        assert [v.checksum for v in got_store.versions()] == [v.checksum for v in ref_store.versions()]
+    finally:
+        if ref.poll() is None:  # a failed check above: the reference is not left running
+            ref.kill()
+            ref.wait()
 
 
 def test_follower_sees_complete_steps_only(tmp_path):
