@@ -125,13 +125,20 @@ def _tile(h: int) -> tuple[int, int, int]:
     return rows, block_h, (4 if block_h <= 1024 else 8)
 
 
-def triton_rms_norm(x, weight, eps, contract, residual=None):
-    check_inputs(x, weight, residual)
+def _row_buffers(x, residual):
+    """x and the residual as contiguous [rows, H], the output y, and the sum's buffer (y itself when
+    there is no residual): what both GPU launchers hand their kernel."""
     h = x.shape[-1]
     x2 = x.reshape(-1, h).contiguous()
     r2 = residual.reshape(-1, h).contiguous() if residual is not None else x2
     y = torch.empty_like(x2)
-    s = torch.empty_like(x2) if residual is not None else y
+    return x2, r2, y, (torch.empty_like(x2) if residual is not None else y)
+
+
+def triton_rms_norm(x, weight, eps, contract, residual=None):
+    check_inputs(x, weight, residual)
+    h = x.shape[-1]
+    x2, r2, y, s = _row_buffers(x, residual)
     rows, block_h, warps = _tile(h)
     n = x2.shape[0]
     if n:
@@ -214,10 +221,7 @@ def triton_native_rms_norm(x, weight, eps, residual=None):
     """The native control's fused (residual-add +) RMSNorm: y, or (y, x + residual)."""
     check_inputs(x, weight, residual)
     h = x.shape[-1]
-    x2 = x.reshape(-1, h).contiguous()
-    r2 = residual.reshape(-1, h).contiguous() if residual is not None else x2
-    y = torch.empty_like(x2)
-    s = torch.empty_like(x2) if residual is not None else y
+    x2, r2, y, s = _row_buffers(x, residual)
     rows, block_h, warps = _tile(h)
     n = x2.shape[0]
     if n:
