@@ -15,20 +15,12 @@ import torch
 from rlkit import NumericsContract
 from rlkit.bitwise import assert_bitwise_equal
 from rlkit.kernels import logprob, rms_norm, rope, swiglu
+from tests.gpu.test_kernels_gpu import randn, rel
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
 C = NumericsContract.native()
 
-
-def rel(out, ref):
-    ref = ref.double()
-    return float((out.double() - ref).norm() / ref.norm())
-
-
-def randn(*shape, scale=1.0, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    return (torch.randn(*shape, generator=g, device=DEV) * scale).to(dtype)
 
 
 @pytest.mark.parametrize("h", [128, 1024, 2048])
