@@ -145,8 +145,11 @@ def small_run_args(run_dir: Path, steps: int, *extra: str) -> list[str]:
 
 
 # -- the browser -------------------------------------------------------------------------------------
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser():
+    """One Chromium for the dashboard tests. Package scope, not session: Playwright's sync API keeps its
+    event loop marked running on the main thread while it is open, which would break any later test
+    that starts an event loop of its own (the notebooks' runner)."""
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).is_file(), f"Debian chromium is missing at {CHROMIUM} (make setup-test installs it)"

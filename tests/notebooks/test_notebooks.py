@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
 import pytest
@@ -63,7 +64,11 @@ def executed(tmp_path_factory) -> dict:
         slots = asyncio.Semaphore(AT_ONCE)
         return await asyncio.gather(*(_execute(path, runs[path], slots) for path in ALL))
 
-    yield {path: (*got, runs[path]) for path, got in zip(ALL, asyncio.run(all_of_them()))}
+    # a thread of its own: asyncio.run refuses a thread where an event loop is marked running, and a
+    # library loaded by an earlier test may have left one so on the main thread
+    with ThreadPoolExecutor(1) as own_thread:
+        outcomes = own_thread.submit(asyncio.run, all_of_them()).result()
+    yield {path: (*got, runs[path]) for path, got in zip(ALL, outcomes)}
     for folder in runs.values():
         shutil.rmtree(folder, ignore_errors=True)
 
