@@ -448,6 +448,88 @@ def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_y,
                      tot.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@jit
+def _flat_chunk_end(acc, pend, s01, chunk, slot, y_desc, off_m, off_n, C: tl.constexpr, STASH: tl.constexpr,
+                    BM: tl.constexpr, BN: tl.constexpr):
+    """The tree step at the end of chunk `chunk` of a tile (the flat kernel): the same grouping as
+    `_tma_tree`, ((c0 + c1) + (c2 + c3)) for C = 4, with the pending operands where STASH puts them
+    (0: `pend` and `s01` in registers; 1: `pend` in registers, (c0 + c1) in this program's fp32 slot 0;
+    2: every pending operand in slots 0 and 1). The last chunk stores the rounded tile by TMA (rows and
+    columns past the tensor's edge are not written). Returns the new (pend, s01)."""
+    loc = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    if C == 1:
+        y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
+    elif C == 2:
+        if chunk == 1:
+            if STASH == 2:
+                tot = _stash_load(slot, loc) + acc
+            else:
+                tot = pend + acc
+            y_desc.store([off_m, off_n], tot.to(y_desc.dtype))
+        elif STASH == 2:
+            _stash_store(slot, loc, acc)
+        else:
+            pend = acc
+    else:  # C == 4
+        if chunk == 0:
+            if STASH == 2:
+                _stash_store(slot, loc, acc)
+            else:
+                pend = acc
+        elif chunk == 1:
+            if STASH == 0:
+                s01 = pend + acc
+            elif STASH == 1:
+                _stash_store(slot, loc, pend + acc)
+            else:
+                _stash_store(slot, loc, _stash_load(slot, loc) + acc)
+        elif chunk == 2:
+            if STASH == 2:
+                _stash_store(slot + BM * BN, loc, acc)
+            else:
+                pend = acc
+        else:
+            if STASH == 0:
+                tot = s01 + (pend + acc)
+            elif STASH == 1:
+                tot = _stash_load(slot, loc) + (pend + acc)
+            else:
+                tot = _stash_load(slot, loc) + (_stash_load(slot + BM * BN, loc) + acc)
+            y_desc.store([off_m, off_n], tot.to(y_desc.dtype))
+    return pend, s01
+
+
+@jit(do_not_specialize=["M", "programs"])
+def _gemm_tma_flat_kernel(x_desc, w_desc, y_desc, ws_ptr, M, N, KC, programs,
+                          C: tl.constexpr, STASH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                          BK: tl.constexpr, GROUP_M: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """The TMA kernel's persistent form as one flat loop over (tile, chunk, K step): the loads of the next
+    chunk and the next tile are in flight while a chunk ends, where the nested form (`_gemm_tma_kernel`)
+    drains its pipeline at every chunk boundary (four times a tile for the row-parallel tree). Each chunk
+    is still one chain from zero in K order (the accumulator is zeroed at the chunk's end), and the chunk
+    sums meet in the same tree (`_flat_chunk_end`): the same bits as every other form. WARP_SPECIALIZE:
+    Triton's warp-specialized loop (producer warps issue the TMA loads, consumers the MMAs)."""
+    pid = tl.program_id(0)
+    tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+    steps = KC // BK
+    my_tiles = tl.cdiv(tiles - pid, programs)
+    slot = ws_ptr + pid.to(tl.int64) * (2 * BM * BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    pend = tl.zeros((BM, BN), dtype=tl.float32)
+    s01 = tl.zeros((BM, BN), dtype=tl.float32)
+    for it in tl.range(0, my_tiles * C * steps, warp_specialize=WARP_SPECIALIZE):
+        step = it % steps
+        chunk = (it // steps) % C
+        off_m, off_n = _grouped_origin(pid + (it // (steps * C)) * programs, M, N, BM, BN, GROUP_M)
+        k0 = chunk * KC + step * BK
+        a = x_desc.load([off_m, k0])
+        b = w_desc.load([off_n, k0])
+        acc = tl.dot(a, b.T, acc)
+        if step == steps - 1:
+            pend, s01 = _flat_chunk_end(acc, pend, s01, chunk, slot, y_desc, off_m, off_n, C, STASH, BM, BN)
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+
+
 # -- launch plans: which kernel and tile for a shape. None of these choices changes a bit (see above).
 SMALL_M = 64
 """M <= SMALL_M runs the swapped (decode) kernel."""
@@ -656,6 +738,13 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
                 stash = cfg.get("stash", 0) if c > 1 else 0
                 ws = _stash_slots(x.device, grid[0] * 2 * bm * bn if stash else 1)
                 cnt = ws  # no counters without SPLIT
+            if cfg.get("flat") and not split and _tma_ok(ys):  # else the nested form: the same bits
+                compiled = _gemm_tma_flat_kernel[grid](
+                    x_desc, w_desc, _descriptor(ys, [bm, bn]), ws, ms, n, kc, grid[0], C=c, STASH=stash, BM=bm, BN=bn,
+                    BK=bk, GROUP_M=cfg["GROUP_M"], WARP_SPECIALIZE=bool(cfg.get("warp_specialize")),
+                    num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
+                launches.append(_tr.Launch("tma_flat", dict(cfg, grid=grid, C=c, BK=bk, split=False), compiled))
+                continue
             compiled = _gemm_tma_kernel[grid](
                 x_desc, w_desc, ys, ws, cnt, ms, n, kc, ys.stride(0), grid[0], C=c, SPLIT=split,
                 STASH=0 if split else stash, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"],

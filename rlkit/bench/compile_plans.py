@@ -155,9 +155,15 @@ def _gemm_tma(cfg: dict, s: GemmShape, contract: NumericsContract):
     args = (_desc(s.x_dtype, max(s.m, bm), s.k, [bm, bk]), _desc(s.x_dtype, s.n, s.k, [bn, bk]),
             _t(s.out_dtype), _t(torch.float32), _t(torch.int32 if split else torch.float32),
             s.m, s.n, s.k // s.chunks, s.n, 132)
-    kw = dict(C=c["C"], SPLIT=split, STASH=0 if split or s.chunks == 1 else cfg.get("stash", 0), BM=bm, BN=bn,
-              BK=bk, GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-              **_tr.launch_options(contract))
+    stash = 0 if split or s.chunks == 1 else cfg.get("stash", 0)
+    if cfg.get("flat") and not split:
+        args = (args[0], args[1], _desc(s.out_dtype, s.m, s.n, [bm, bn]), args[3], s.m, s.n, s.k // s.chunks, 132)
+        kw = dict(C=c["C"], STASH=stash, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"],
+                  WARP_SPECIALIZE=bool(cfg.get("warp_specialize")), num_warps=cfg["num_warps"],
+                  num_stages=cfg["num_stages"], **_tr.launch_options(contract))
+        return [("tma_flat", gemm._gemm_tma_flat_kernel, args, kw)]
+    kw = dict(C=c["C"], SPLIT=split, STASH=stash, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"],
+              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_tr.launch_options(contract))
     return [("tma", gemm._gemm_tma_kernel, args, kw)]
 
 

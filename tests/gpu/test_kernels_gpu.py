@@ -87,8 +87,14 @@ CONFIGS = [
     dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, stash=2, num_warps=8, num_stages=4),
     dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, stash=2, num_warps=8, num_stages=3),
     dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, stash=1, num_warps=4, num_stages=5),
+    # the flat loop over (tile, chunk, K step): the accumulator restarts at each chunk's end
+    dict(kind="tma", flat=True, BM=64, BN=128, GROUP_M=8, split=False, stash=0, num_warps=8, num_stages=4),
+    dict(kind="tma", flat=True, BM=128, BN=64, GROUP_M=8, split=False, stash=0, num_warps=8, num_stages=4),
+    dict(kind="tma", flat=True, BM=128, BN=128, GROUP_M=8, split=False, stash=1, num_warps=8, num_stages=4),
+    dict(kind="tma", flat=True, BM=128, BN=128, GROUP_M=8, split=False, stash=2, num_warps=8, num_stages=4),
 ]
-ONE_CHAIN_ONLY = [dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3)]
+ONE_CHAIN_ONLY = [dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3),
+                  dict(kind="tma", flat=True, BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3)]
 """A 128x256 tile holds one accumulator of 128 registers a thread: the plan never gives it C > 1."""
 
 
@@ -102,6 +108,26 @@ def test_gemm_every_launch_configuration_gives_the_same_bits(m, row_parallel):
     for cfg in CONFIGS[1:] + ([] if row_parallel else ONE_CHAIN_ONLY):
         y = gemm.triton_partial(x, w, C, 1, torch.bfloat16, config=cfg, row_parallel=row_parallel)
         assert_bitwise_equal(y, base, f"{cfg} vs {CONFIGS[0]} (row_parallel={row_parallel})")
+
+
+@pytest.mark.parametrize("row_parallel", [False, True])
+def test_gemm_signed_zero_sums_agree_across_configurations(row_parallel):
+    """A chunk whose every product is -0 (a zero row of x against a weight row of negative values): a
+    chain started from a +0 accumulator gives +0 (+0 + -0), one whose first MMA ignores the accumulator
+    may give -0. Every launch form (nested or flat loop, any tile) must give the same sign of zero."""
+    x, w = randn(300, 4096, seed=25), randn(2048, 4096, scale=0.02, seed=26)
+    x[7] = 0.0
+    x[100, 1024:2048] = 0.0  # one chunk of a row-parallel layer only
+    w[5] = -w[5].abs() - 1e-3
+    w[900] = w[900].abs() + 1e-3  # +0 products: +0 either way
+    base = gemm.triton_partial(x, w, C, 1, torch.bfloat16, config=CONFIGS[0], row_parallel=row_parallel)
+    print(f"row 7 x weight row 5: {base[7, 5].item()!r} (sign bit {torch.signbit(base[7, 5]).item()})")
+    for cfg in CONFIGS[1:] + ([] if row_parallel else ONE_CHAIN_ONLY):
+        y = gemm.triton_partial(x, w, C, 1, torch.bfloat16, config=cfg, row_parallel=row_parallel)
+        assert_bitwise_equal(y, base, f"{cfg} vs {CONFIGS[0]} (row_parallel={row_parallel}), signed zeros")
+    for m in (1, 8, 300):  # the plans rlkit picks for a row alone, decode and prefill
+        y = gemm.strict(x[:m] if m > 7 else x[7:8], w, C, row_parallel=row_parallel)
+        assert_bitwise_equal(y, base[:m] if m > 7 else base[7:8], f"default plan, M={m}, signed zeros")
 
 
 @pytest.mark.parametrize("m", [1, 64, 300, 2048])

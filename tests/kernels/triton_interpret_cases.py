@@ -93,29 +93,37 @@ TMA_CONFIGS = [  # the Hopper TMA kernel (fp16 here: the interpreter computes bf
     dict(kind="tma", BM=64, BN=32, GROUP_M=2, split=True, num_warps=4, num_stages=2),
     dict(kind="tma", BM=64, BN=64, GROUP_M=2, split=False, stash=1, num_warps=4, num_stages=2),
     dict(kind="tma", BM=32, BN=64, GROUP_M=2, split=False, stash=2, num_warps=4, num_stages=2),
+    # the flat loop over (tile, chunk, K step), each place the tree's pending operands can wait
+    dict(kind="tma", flat=True, BM=64, BN=64, GROUP_M=2, split=False, stash=0, num_warps=4, num_stages=2),
+    dict(kind="tma", flat=True, BM=32, BN=64, GROUP_M=1, split=False, stash=1, num_warps=4, num_stages=2),
+    dict(kind="tma", flat=True, BM=64, BN=32, GROUP_M=2, split=False, stash=2, num_warps=4, num_stages=2,
+         programs_per_sm=1),
 ]
 
 
+@pytest.mark.parametrize("n", [130, 136])
 @pytest.mark.parametrize("row_parallel", [False, True])
-def test_gemm_tma_kernel_persistent_and_split(row_parallel):
+def test_gemm_tma_kernel_persistent_and_split(row_parallel, n):
     """The TMA kernel under the v3 contract: one chain (column-parallel) or the 4-chunk tree
-    (row-parallel), persistent (4 programs walk 3 x 3 tiles: M = 70 and N = 130 end mid-tile) or one
-    program per (tile, chunk); every form equals the CPU reference, TP shards add up to the whole, and
-    the default plan for 70 rows is this kernel."""
+    (row-parallel), persistent (4 programs walk 3 x 3 tiles: M = 70 and N = 130 / 136 end mid-tile) or
+    one program per (tile, chunk); every form equals the CPU reference, TP shards add up to the whole,
+    and the default plan for 70 rows is this kernel. The flat form stores by TMA: an fp32 output row of
+    130 values is not 16-byte aligned, so N = 130 takes the nested form and N = 136 the flat one."""
     from rlkit.kernels import gemm
-    x, w = exact(70, 512, seed=13).half(), exact(130, 512, seed=14).half()
+    x, w = exact(70, 512, seed=13).half(), exact(n, 512, seed=14).half()
     ref = gemm.partial(x, w, C, row_parallel=row_parallel)
     for cfg in TMA_CONFIGS:
         y, launches = gemm.triton_launch(x, w, C, 1, torch.float32, config=cfg, row_parallel=row_parallel)
-        assert [ln.kernel for ln in launches] == ["tma"]
+        assert [ln.kernel for ln in launches] == ["tma_flat" if cfg.get("flat") and n % 4 == 0 else "tma"]
         assert_bitwise_equal(y, ref, f"{cfg} vs reference")
     y, launches = gemm.triton_launch(x, w, C, 1, torch.float16, row_parallel=row_parallel)
     assert launches[0].kernel == "tma" and launches[0].plan["C"] == (4 if row_parallel else 1)
     assert_bitwise_equal(y, ref.half(), "default plan vs reference")
     if row_parallel:
-        halves = [gemm.triton_partial(x[:, s : s + 256], w[:, s : s + 256], C, 2, torch.float32,
-                                      config=TMA_CONFIGS[0], row_parallel=True) for s in (0, 256)]
-        assert_bitwise_equal(halves[0] + halves[1], ref, "two TP shards' subtrees vs the whole")
+        for cfg in (TMA_CONFIGS[0], TMA_CONFIGS[5]):
+            halves = [gemm.triton_partial(x[:, s : s + 256], w[:, s : s + 256], C, 2, torch.float32,
+                                          config=cfg, row_parallel=True) for s in (0, 256)]
+            assert_bitwise_equal(halves[0] + halves[1], ref, f"two TP shards' subtrees vs the whole, {cfg}")
 
 
 # -- RMSNorm, SwiGLU, RoPE ----------------------------------------------------------------------------
