@@ -283,6 +283,9 @@ quarter of the prefill tile's registers; the SMs stream keys instead of idling o
 PREFILL_TILE = (128, 8)
 """v4, every other batch (prefill, chunked prefill, decode beside a prefill chunk): (rows, warps). Measured
 on the H200 against 64x4, 64x8 and 128x4 (lab/LOG.md 2026-12-01 session 3): 128 rows, two warpgroups."""
+UNMASKED_FULL = False
+"""Whether plans run the key blocks a tile sees whole without masks and guards (the same values: see
+`_block_step`). Off until timed on the H200 (`rlkit bench kernels --tune`: attention_tune "unmasked")."""
 MAX_SLOTS = 8
 """Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
 
@@ -326,57 +329,92 @@ def _fold_step(n, LVL: tl.constexpr, sm, sl, sa, fm, fl, fa, have):
 
 
 @jit
-def _split_state(q, pos, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_ptr, stride_kt,
-                 stride_ks, stride_kh, stride_bt, page, scale,
-                 BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
-                 PAGED: tl.constexpr, IEEE: tl.constexpr, ROW_SUM_MMA: tl.constexpr):
-    """Online softmax of split s for the tile's rows over key blocks [s*SPLIT, ...) in order."""
-    m = tl.full((BM,), float("-inf"), tl.float32)
-    l = tl.zeros((BM,), tl.float32)
-    acc = tl.zeros((BM, D), tl.float32)
+def _block_step(q, pos, b0, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_ptr, stride_kt, stride_ks, stride_kh,
+                stride_bt, page, scale, m, l, acc, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
+                PAGED: tl.constexpr, IEEE: tl.constexpr, ROW_SUM_MMA: tl.constexpr, MASKED: tl.constexpr):
+    """One key block [b0, b0 + BN) of the online softmax. MASKED=False only for a block every row of the
+    tile sees whole (all its keys at or before the tile's first position, so inside the context): then
+    every mask is all-true and every row has seen a key, and leaving the masks and guards out computes
+    the very same values."""
     ds = tl.arange(0, D)
-    lo = s * SPLIT
-    hi = tl.minimum(lo + SPLIT, last_pos + 1)
-    for b0 in range(lo, hi, BN):
-        kp = b0 + tl.arange(0, BN)
-        kvalid = kp < ctx
-        if PAGED:
+    kp = b0 + tl.arange(0, BN)
+    kvalid = kp < ctx
+    if PAGED:
+        if MASKED:
             pg = tl.load(bt_ptr + seq.to(tl.int64) * stride_bt + kp // page, mask=kvalid, other=0)
-            krow = pg.to(tl.int64) * stride_kt + (kp % page).to(tl.int64) * stride_ks
         else:
-            krow = (k_base + kp).to(tl.int64) * stride_kt
-        krow = krow + kvh * stride_kh
+            pg = tl.load(bt_ptr + seq.to(tl.int64) * stride_bt + kp // page)
+        krow = pg.to(tl.int64) * stride_kt + (kp % page).to(tl.int64) * stride_ks
+    else:
+        krow = (k_base + kp).to(tl.int64) * stride_kt
+    krow = krow + kvh * stride_kh
+    if MASKED:
         kt = tl.load(k_ptr + krow[None, :] + ds[:, None], mask=kvalid[None, :], other=0.0)  # [D, BN]
         vb = tl.load(v_ptr + krow[:, None] + ds[None, :], mask=kvalid[:, None], other=0.0)  # [BN, D]
-        if IEEE:
-            qk = tl.dot(q, kt, input_precision="ieee")
-        else:
-            qk = tl.dot(q, kt)
+    else:
+        kt = tl.load(k_ptr + krow[None, :] + ds[:, None])
+        vb = tl.load(v_ptr + krow[:, None] + ds[None, :])
+    if IEEE:
+        qk = tl.dot(q, kt, input_precision="ieee")
+    else:
+        qk = tl.dot(q, kt)
+    if MASKED:
         vis = kp[None, :] <= pos[:, None]
         sc = tl.where(vis, qk * scale, float("-inf"))
         m_blk = tl.max(sc, axis=1)
         seen = m_blk > float("-inf")
         m_new = tl.maximum(m, m_blk)
         m_use = tl.where(seen, m_new, 0.0)
-        alpha = tl.exp(m - m_use)
-        p = tl.exp(sc - m_use[:, None])
-        if ROW_SUM_MMA:  # p.ones on the matrix unit: every column holds the row's sum, the max picks it
-            ones = tl.full((BN, 16), 1.0, vb.dtype)  # 16: the narrowest dot Triton takes
-            if IEEE:
-                p_sum = tl.max(tl.dot(p, ones, input_precision="ieee"), axis=1)
-            else:
-                p_sum = tl.max(tl.dot(p.to(vb.dtype), ones), axis=1)
-        else:
-            p_sum = tl.sum(p, axis=1)
-        l_new = l * alpha + p_sum
+    else:
+        sc = qk * scale
+        m_new = tl.maximum(m, tl.max(sc, axis=1))
+        m_use = m_new
+    alpha = tl.exp(m - m_use)
+    p = tl.exp(sc - m_use[:, None])
+    if ROW_SUM_MMA:  # p.ones on the matrix unit: every column holds the row's sum, the max picks it
+        ones = tl.full((BN, 16), 1.0, vb.dtype)  # 16: the narrowest dot Triton takes
         if IEEE:
-            pv = tl.dot(p, vb, input_precision="ieee")
+            p_sum = tl.max(tl.dot(p, ones, input_precision="ieee"), axis=1)
         else:
-            pv = tl.dot(p.to(vb.dtype), vb)
-        acc_new = acc * alpha[:, None] + pv
-        m = tl.where(seen, m_new, m)
-        l = tl.where(seen, l_new, l)
-        acc = tl.where(seen[:, None], acc_new, acc)
+            p_sum = tl.max(tl.dot(p.to(vb.dtype), ones), axis=1)
+    else:
+        p_sum = tl.sum(p, axis=1)
+    l_new = l * alpha + p_sum
+    if IEEE:
+        pv = tl.dot(p, vb, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(vb.dtype), vb)
+    acc_new = acc * alpha[:, None] + pv
+    if MASKED:
+        return tl.where(seen, m_new, m), tl.where(seen, l_new, l), tl.where(seen[:, None], acc_new, acc)
+    return m_new, l_new, acc_new
+
+
+@jit
+def _split_state(q, pos, first_pos, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_ptr, stride_kt,
+                 stride_ks, stride_kh, stride_bt, page, scale,
+                 BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, D: tl.constexpr,
+                 PAGED: tl.constexpr, IEEE: tl.constexpr, ROW_SUM_MMA: tl.constexpr,
+                 UNMASKED_FULL: tl.constexpr):
+    """Online softmax of split s for the tile's rows over key blocks [s*SPLIT, ...) in order.
+    UNMASKED_FULL: the blocks every row sees whole (ending at or before `first_pos`, the tile's first
+    query position) run without masks (`_block_step`), the rest with them: the same values either way."""
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    l = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, D), tl.float32)
+    lo = s * SPLIT
+    hi = tl.minimum(lo + SPLIT, last_pos + 1)
+    mid = lo
+    if UNMASKED_FULL:
+        mid = lo + tl.maximum(tl.minimum(hi, first_pos + 1) - lo, 0) // BN * BN
+        for b0 in range(lo, mid, BN):
+            m, l, acc = _block_step(q, pos, b0, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_ptr, stride_kt,
+                                    stride_ks, stride_kh, stride_bt, page, scale, m, l, acc,
+                                    BM, BN, D, PAGED, IEEE, ROW_SUM_MMA, False)
+    for b0 in range(mid, hi, BN):
+        m, l, acc = _block_step(q, pos, b0, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_ptr, stride_kt,
+                                stride_ks, stride_kh, stride_bt, page, scale, m, l, acc,
+                                BM, BN, D, PAGED, IEEE, ROW_SUM_MMA, True)
     return m, l, acc
 
 
@@ -386,10 +424,11 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, wsm_ptr, wsa_ptr, tile_seq_ptr, til
                  stride_kh, stride_bt, page, H, MAXS, scale,
                  GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
                  D: tl.constexpr, PAGED: tl.constexpr, NSLOTS: tl.constexpr, MODE: tl.constexpr,
-                 IEEE: tl.constexpr, ROW_SUM_MMA: tl.constexpr, SEQ_MERGE: tl.constexpr):
+                 IEEE: tl.constexpr, ROW_SUM_MMA: tl.constexpr, SEQ_MERGE: tl.constexpr,
+                 UNMASKED_FULL: tl.constexpr):
     """MODE 0: all splits and their merge in one program; 1: split program_id(2) only, state to the
     workspace; 2: the merge over the workspace's states. SEQ_MERGE: fold in split order (NSLOTS 0),
-    else the pairwise tree through NSLOTS stack slots."""
+    else the pairwise tree through NSLOTS stack slots. UNMASKED_FULL: see `_split_state`."""
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     seq = tl.load(tile_seq_ptr + tile)
@@ -417,9 +456,9 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, wsm_ptr, wsa_ptr, tile_seq_ptr, til
         if s < n_splits:
             q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + ds[None, :],
                         mask=row_ok[:, None], other=0.0)
-            m, l, acc = _split_state(q, pos, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_ptr,
-                                     stride_kt, stride_ks, stride_kh, stride_bt, page, scale,
-                                     BM, BN, SPLIT, D, PAGED, IEEE, ROW_SUM_MMA)
+            m, l, acc = _split_state(q, pos, start + q0, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_base,
+                                     bt_ptr, stride_kt, stride_ks, stride_kh, stride_bt, page, scale,
+                                     BM, BN, SPLIT, D, PAGED, IEEE, ROW_SUM_MMA, UNMASKED_FULL)
             tl.store(wsm_ptr + (ws_row + s) * 2, m, mask=row_ok)
             tl.store(wsm_ptr + (ws_row + s) * 2 + 1, l, mask=row_ok)
             tl.store(wsa_ptr + (ws_row + s)[:, None] * D + ds[None, :], acc, mask=row_ok[:, None])
@@ -440,9 +479,9 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, wsm_ptr, wsa_ptr, tile_seq_ptr, til
         m7, l7, a7 = fm, fl, fa
         for s in range(0, n_splits):
             if MODE == 0:
-                cm, cl, ca = _split_state(q, pos, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_base, bt_ptr,
-                                          stride_kt, stride_ks, stride_kh, stride_bt, page, scale,
-                                          BM, BN, SPLIT, D, PAGED, IEEE, ROW_SUM_MMA)
+                cm, cl, ca = _split_state(q, pos, start + q0, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr,
+                                          k_base, bt_ptr, stride_kt, stride_ks, stride_kh, stride_bt, page,
+                                          scale, BM, BN, SPLIT, D, PAGED, IEEE, ROW_SUM_MMA, UNMASKED_FULL)
             else:
                 cm = tl.load(wsm_ptr + (ws_row + s) * 2, mask=row_ok, other=float("-inf"))
                 cl = tl.load(wsm_ptr + (ws_row + s) * 2 + 1, mask=row_ok, other=0.0)
@@ -506,12 +545,18 @@ def tile_for(contract: NumericsContract, decode: bool, group: int) -> tuple[int,
 
 
 def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContract, mode: str | None = None,
-                   tile: tuple[int, int] | None = None, stages: int | None = None):
+                   tile: tuple[int, int] | None = None, stages: int | None = None,
+                   unmasked_full: bool | None = None):
     """Host-side preparation of a launch (tile map, split count, strides): reusable while the layout is.
     `tile` (rows, warps): None = `tile_for(contract, ...)`; the benchmarks, the tests (every tile gives
     the same bits under v4) and the native control's paged decode pass their own. `stages`: the
-    software pipeline's depth over the key blocks (None: Triton's default); it moves no bit."""
-    key = (tuple(q_shape), tuple(k.shape), tuple(k.stride()), contract.attention, mode, str(k.device), tile, stages)
+    software pipeline's depth over the key blocks (None: Triton's default); it moves no bit.
+    `unmasked_full`: run the key blocks a tile sees whole without masks (None: UNMASKED_FULL); it moves
+    no bit either (`_block_step`)."""
+    if unmasked_full is None:
+        unmasked_full = UNMASKED_FULL
+    key = (tuple(q_shape), tuple(k.shape), tuple(k.stride()), contract.attention, mode, str(k.device), tile, stages,
+           unmasked_full)
     hit = _PLAN_CACHE.get(layout)
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -566,6 +611,7 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
     plan["mode"] = mode
     plan["block_m"], plan["num_warps"] = tile
     plan["num_stages"] = stages
+    plan["unmasked_full"] = unmasked_full
     _PLAN_CACHE[layout] = (key, plan)
     return plan
 
@@ -576,6 +622,7 @@ def kernel_meta(plan: dict, contract: NumericsContract, dtype: torch.dtype) -> d
     return dict(GROUP=plan["group"], BM=plan["block_m"], BN=spec.block_size, SPLIT=spec.split_size, D=plan["d"],
                 PAGED=plan["paged"], NSLOTS=plan["nslots"], IEEE=dtype == torch.float32,
                 ROW_SUM_MMA=spec.row_sum == "tensor_core", SEQ_MERGE=spec.split_merge == "sequential",
+                UNMASKED_FULL=bool(plan.get("unmasked_full")),
                 num_warps=plan["num_warps"], **({"num_stages": plan["num_stages"]} if plan["num_stages"] else {}),
                 **_tr.launch_options(contract))
 

@@ -216,6 +216,13 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
             splan = attention.attention_plan(q.shape, k, lay, c, stages=stages)
             t = _bench(lambda: attention.launch(splan, q, k, v, c))
             rec.add("attention_tune", f"stages{stages}", shape, "ratio_vs_native", t_nat / t)
+        if tune:  # the key blocks a tile sees whole without masks (the same bits: checked here too)
+            uplan = attention.attention_plan(q.shape, k, lay, c, unmasked_full=not attention.UNMASKED_FULL)
+            same = torch.equal(attention.launch(uplan, q, k, v, c)[0], attention.launch(plan, q, k, v, c)[0])
+            t = _bench(lambda: attention.launch(uplan, q, k, v, c))
+            name = "unmasked" if uplan["unmasked_full"] else "masked"
+            rec.add("attention_tune", name, shape, "ratio_vs_native", t_nat / t)
+            rec.add("attention_tune", name, shape, "same_bits", float(same))
         for name, oc in others.items():
             oplan = attention.attention_plan(q.shape, k, lay, oc)
             t = _bench(lambda: attention.launch(oplan, q, k, v, oc))
@@ -258,6 +265,13 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
                 oplan = attention.attention_plan(q.shape, kc, lay, oc)
                 t = _bench(lambda: attention.launch(oplan, q, kc, vc, oc))
                 rec.add("attention_tune", name, shape, "ratio_vs_native_paged", t_paged / t)
+            if tune:
+                uplan = attention.attention_plan(q.shape, kc, lay, c, unmasked_full=not attention.UNMASKED_FULL)
+                same = torch.equal(attention.launch(uplan, q, kc, vc, c)[0], attention.launch(plan, q, kc, vc, c)[0])
+                t = _bench(lambda: attention.launch(uplan, q, kc, vc, c))
+                name = "unmasked" if uplan["unmasked_full"] else "masked"
+                rec.add("attention_tune", name, shape, "ratio_vs_native_paged", t_paged / t)
+                rec.add("attention_tune", name, shape, "same_bits", float(same))
             del kc, vc, kg, vg
     for mode, ln in compiled.items():
         rec.add("attention", f"strict_{mode}", "last compiled", "registers", ln.registers)

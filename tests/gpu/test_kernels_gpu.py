@@ -326,6 +326,15 @@ def test_attention_every_decode_position_equals_prefill(contract, group):
     for mode in ("fused", "split"):
         assert_bitwise_equal(attention.triton_attention(q, cache.k, cache.v, lay, contract, mode), want,
                              f"{len(rows)} decode positions ({mode}) vs prefill")
+        # the key blocks a tile sees whole, without masks: the same values (attention._block_step)
+        plan = attention.attention_plan(q.shape, cache.k, lay, contract, mode, unmasked_full=True)
+        assert_bitwise_equal(attention.launch(plan, q, cache.k, cache.v, contract)[0], want,
+                             f"{len(rows)} decode positions ({mode}, unmasked full blocks) vs prefill")
+    for sid, (sq, sk, sv) in seqs.items():
+        lay = AttentionLayout.prefill(torch.tensor([0, len(sq)], device=DEV))
+        plan = attention.attention_plan(sq.shape, sk, lay, contract, unmasked_full=True)
+        assert_bitwise_equal(attention.launch(plan, sq, sk, sv, contract)[0], full[sid],
+                             f"prefill with unmasked full blocks vs the default ({sid})")
 
 
 def test_attention_native_decode_differs_from_prefill():

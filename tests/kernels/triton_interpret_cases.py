@@ -263,16 +263,27 @@ def test_attention_v4_tiles_cover_the_same_queries():
     expected = (v.cumsum(0) / torch.arange(1, 151).view(-1, 1, 1)).repeat_interleave(H // KVH, dim=1)
     for tile in ((16, 4), (32, 4), (64, 8)):
         for mode in ("fused", "split"):
-            plan = attention.attention_plan(q.shape, k, lay, SMALL_ATT, mode, tile=tile)
-            out, _ = attention.launch(plan, q, k, v, SMALL_ATT)
-            assert_bitwise_equal(out, expected, f"tile {tile} ({mode})")
+            for unmasked in (False, True):
+                plan = attention.attention_plan(q.shape, k, lay, SMALL_ATT, mode, tile=tile, unmasked_full=unmasked)
+                out, _ = attention.launch(plan, q, k, v, SMALL_ATT)
+                assert_bitwise_equal(out, expected, f"tile {tile} ({mode}, unmasked full blocks {unmasked})")
     assert attention.tile_for(SMALL_ATT, True, 2) == attention.DECODE_TILE
     assert attention.tile_for(SMALL_ATT, False, 2) == attention.PREFILL_TILE
     assert attention.tile_for(SMALL_ATT_V3, True, 2) == (attention.BLOCK_M, attention.NUM_WARPS)
 
 
+@pytest.fixture(params=[False, True], ids=["masked", "unmasked_full"])
+def unmasked_full(request):
+    """Plans with and without the unmasked path for the key blocks a tile sees whole."""
+    from rlkit.kernels import attention
+    saved = attention.UNMASKED_FULL
+    attention.UNMASKED_FULL = request.param
+    yield request.param
+    attention.UNMASKED_FULL = saved
+
+
 @pytest.mark.parametrize("version", ATT_CONTRACTS)
-def test_attention_modes_layouts_and_pages_agree(version):
+def test_attention_modes_layouts_and_pages_agree(version, unmasked_full):
     """Which keys each query sees, page tables, split/block boundaries, chunked prefill, decode.
 
     Exact inputs: q = 0 makes every visible score 0, so each softmax weight is exp(0) = 1 and a query's
