@@ -266,21 +266,19 @@ def _lse_merge(ma, sa, mb, sb):
 
 
 @jit
-def _logprob_rows_kernel(z_ptr, ids_ptr, out_ptr, V, stride_z, VC: tl.constexpr, NC: tl.constexpr,
-                         LOG_NC: tl.constexpr):
-    row = tl.program_id(0)
-    base = z_ptr + row.to(tl.int64) * stride_z
-    cidx = tl.arange(0, NC)
-    ms = tl.full((NC,), float("-inf"), tl.float32)
-    ss = tl.zeros((NC,), tl.float32)
-    for c in range(0, tl.cdiv(V, VC)):
-        offs = c * VC + tl.arange(0, VC)
-        x = tl.load(base + offs, mask=offs < V, other=float("-inf"))
-        m = tl.max(x, axis=0)
-        safe = tl.where(m == float("-inf"), 0.0, m)
-        s = tl.sum(tl.exp(x - safe), axis=0)
-        ms = tl.where(cidx == c, m, ms)
-        ss = tl.where(cidx == c, s, ss)
+def _chunk_state(base, c, V, VC: tl.constexpr):
+    """(max, sum of exp(x - max)) of vocab chunk c of one row: one [VC] tile, its layout a function of VC
+    and num_warps only (every launch form below runs this same code with the same warps)."""
+    offs = c * VC + tl.arange(0, VC)
+    x = tl.load(base + offs, mask=offs < V, other=float("-inf"))
+    m = tl.max(x, axis=0)
+    safe = tl.where(m == float("-inf"), 0.0, m)
+    return m, tl.sum(tl.exp(x - safe), axis=0)
+
+
+@jit
+def _merge_and_pick(ms, ss, base, ids_ptr, out_ptr, row, LOG_NC: tl.constexpr, NC: tl.constexpr):
+    """The pairwise LSE tree over the NC chunk states, then logprob = logit[t] - lse."""
     for lvl in tl.static_range(LOG_NC):  # the pairwise tree over chunk states
         ma, mb = tl.split(tl.reshape(ms, (NC >> (lvl + 1), 2)))
         sa, sb = tl.split(tl.reshape(ss, (NC >> (lvl + 1), 2)))
@@ -292,6 +290,38 @@ def _logprob_rows_kernel(z_ptr, ids_ptr, out_ptr, V, stride_z, VC: tl.constexpr,
     picked = tl.load(base + t)
     out = tl.where(picked == float("-inf"), picked, picked - lse)
     tl.store(out_ptr + row, out)
+
+
+@jit
+def _logprob_rows_kernel(z_ptr, ids_ptr, out_ptr, ws_ptr, V, stride_z, VC: tl.constexpr, NC: tl.constexpr,
+                         LOG_NC: tl.constexpr, MODE: tl.constexpr):
+    """MODE 0: one program a row, its chunks in order, then the tree. MODE 1: program (row, chunk)
+    stores its chunk's state (fp32, exact) in the workspace [rows, NC, 2]; MODE 2: one program a row
+    loads the states and runs the same tree (few rows: the chunks of a row in parallel). The same
+    states, the same tree: the same bits."""
+    row = tl.program_id(0)
+    base = z_ptr + row.to(tl.int64) * stride_z
+    cidx = tl.arange(0, NC)
+    if MODE == 1:
+        c = tl.program_id(1)
+        m, s = _chunk_state(base, c, V, VC)
+        ws = ws_ptr + (row.to(tl.int64) * NC + c) * 2
+        tl.store(ws, m)
+        tl.store(ws + 1, s)
+    else:
+        if MODE == 0:
+            ms = tl.full((NC,), float("-inf"), tl.float32)
+            ss = tl.zeros((NC,), tl.float32)
+            for c in range(0, tl.cdiv(V, VC)):
+                m, s = _chunk_state(base, c, V, VC)
+                ms = tl.where(cidx == c, m, ms)
+                ss = tl.where(cidx == c, s, ss)
+        else:  # chunks past the vocabulary were never written: empty states
+            have = cidx < tl.cdiv(V, VC)
+            ws = ws_ptr + (row.to(tl.int64) * NC + cidx) * 2
+            ms = tl.load(ws, mask=have, other=float("-inf"))
+            ss = tl.load(ws + 1, mask=have, other=0.0)
+        _merge_and_pick(ms, ss, base, ids_ptr, out_ptr, row, LOG_NC, NC)
 
 
 @jit
@@ -335,7 +365,8 @@ def _gpu_ok(contract: NumericsContract) -> bool:
 
 
 def triton_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contract: NumericsContract,
-                       params: SamplingParams | None = None) -> torch.Tensor:
+                       params: SamplingParams | None = None, parallel: bool | None = None) -> torch.Tensor:
+    """`parallel`: a row's vocab chunks in programs of their own (None: `chunks_in_parallel`)."""
     check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device)
     z = logits_fp32
     if params is not None and not params.is_identity:
@@ -346,9 +377,21 @@ def triton_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contr
     if rows:
         vc = contract.logprob.vocab_chunk
         nc = _tr.next_pow2(_tr.cdiv(vocab, vc))
-        _logprob_rows_kernel[(rows,)](z, token_ids, out, vocab, z.stride(0), VC=vc, NC=nc,
-                                      LOG_NC=nc.bit_length() - 1, num_warps=8, **_tr.launch_options(contract))
+        meta = dict(VC=vc, NC=nc, LOG_NC=nc.bit_length() - 1, num_warps=8, **_tr.launch_options(contract))
+        if chunks_in_parallel(rows, z.device) if parallel is None else parallel:
+            ws = torch.empty(rows * nc * 2, dtype=torch.float32, device=z.device)
+            _logprob_rows_kernel[(rows, _tr.cdiv(vocab, vc))](z, token_ids, out, ws, vocab, z.stride(0), MODE=1,
+                                                              **meta)
+            _logprob_rows_kernel[(rows,)](z, token_ids, out, ws, vocab, z.stride(0), MODE=2, **meta)
+        else:
+            _logprob_rows_kernel[(rows,)](z, token_ids, out, out, vocab, z.stride(0), MODE=0, **meta)
     return out
+
+
+def chunks_in_parallel(rows: int, device: torch.device) -> bool:
+    """Fewer rows than the GPU has SMs: one program a (row, vocab chunk), then a merge per row (decode
+    steps, the engine's samplers); else one program a row. Either way the same bits."""
+    return rows < _tr.sm_count(device)
 
 
 def triton_logprob(hidden, weight, token_ids, contract, params=None):

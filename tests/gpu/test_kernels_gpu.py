@@ -178,8 +178,11 @@ def test_logprob_close_fused_equals_engine_path_and_rows_invariant():
     for r in (0, 63, 64, 699):
         lg = logprob.strict_logits(h[r : r + 1], w, C)
         assert_bitwise_equal(logprob.strict_from_logits(lg, ids[r : r + 1], C), lp[r : r + 1], f"engine row {r}")
-    for m in (1, 16, 65, 300):
+    for m in (1, 16, 65, 300):  # below the SM count a row's vocab chunks run in parallel, at 700 in one program
         assert_bitwise_equal(logprob.strict(h[:m], w, ids[:m], C), lp[:m], f"first {m} rows vs 700")
+    lg = logprob.strict_logits(h, w, C)
+    assert_bitwise_equal(logprob.triton_from_logits(lg, ids, C, parallel=True),
+                         logprob.triton_from_logits(lg, ids, C, parallel=False), "700 rows: chunks in parallel vs not")
 
 
 def test_logprob_processed_rows_invariant():

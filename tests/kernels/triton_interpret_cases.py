@@ -206,6 +206,14 @@ def test_logprob_chunks_tail_and_engine_path():
     for r in (0, 19):
         assert_bitwise_equal(logprob.triton_from_logits(logits[r : r + 1], ids[r : r + 1], SMALL_LP), out[r : r + 1],
                              f"engine path row {r}")
+    for parallel in (False, True):  # a row's chunks in one program, or each in its own then a merge
+        assert_bitwise_equal(logprob.triton_from_logits(logits, ids, SMALL_LP, parallel=parallel), out,
+                             f"vocab chunks in parallel: {parallel}")
+    masked = logits.clone()
+    masked[3, 1024:] = float("-inf")  # chunks 1-4 empty: they merge as empty states in either form
+    assert_bitwise_equal(logprob.triton_from_logits(masked, ids.clamp(max=1023), SMALL_LP, parallel=True),
+                         logprob.triton_from_logits(masked, ids.clamp(max=1023), SMALL_LP, parallel=False),
+                         "empty chunks, parallel vs one program a row")
     for params in (SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.3, top_k=50)):
         a = logprob.triton_from_logits(logits, ids, SMALL_LP, params)
         b = logprob.from_logits(logits, ids, SMALL_LP, params)
