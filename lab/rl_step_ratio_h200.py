@@ -18,6 +18,9 @@ On the lent H200 (rlkit installed editable first, offline; the data travel in an
     RLKIT_DATA=.thirdparty/data RLKIT_COMMIT=<sha> python3 lab/rl_step_ratio_h200.py --out $OUT \\
         --shapes validation,trainer-heavy --steps 4 --minutes 2
     python lab/rl_step_ratio_h200.py --dry-run --out /tmp/ratio   # CPU, tiny preset, 16-token responses
+With --profile, each run is recorded by torch.profiler (every step, step 0 too: use few steps) and
+$OUT/profile-SHAPE-PATH.txt gets its kernels by device time (the top 60, and totals per kernel family),
+so the strict/native gap can be read kernel by kernel.
 
 Writes $OUT/rl_step_ratio.jsonl (long format, the benchmarks' rows: op "rl_step", impl = the path or
 "strict/native", shape, metric, median, device, commit; `rlkit.bench.kernels.render` draws BENCHMARKS.md's
@@ -98,6 +101,34 @@ def timed_run(run_dir: Path, cfg, minutes: float) -> tuple[list, dict[str, float
     return steps, memory
 
 
+FAMILIES = (  # kernel-name substring -> family, first match wins (profile summaries)
+    ("_gemm_", "strict GEMM"), ("_attn_kernel", "strict attention"), ("_logprob", "strict logprob"),
+    ("_row_cumsum", "top-p scan"), ("rms_norm", "RMSNorm"), ("rope", "RoPE"), ("swiglu", "SwiGLU"),
+    ("silu", "SwiGLU"), ("flash", "SDPA flash"), ("attention", "attention (other)"), ("gemm", "cuBLAS GEMM"),
+    ("xmma", "cuBLAS GEMM"), ("nvjet", "cuBLAS GEMM"), ("cutlass", "cuBLAS GEMM"), ("softmax", "softmax"),
+    ("nccl", "NCCL"), ("reduce", "reductions"), ("elementwise", "elementwise"), ("copy", "copies"),
+    ("Memcpy", "copies"), ("Memset", "memset"))
+
+
+def profile_report(prof, title: str) -> str:
+    """Device time per kernel (top 60) and per family, from a finished torch.profiler run (without a
+    GPU: each op's own CPU time)."""
+    gpu = torch.cuda.is_available()
+    rows = [(e.key, (e.device_time_total if gpu else e.self_cpu_time_total) / 1e3, e.count)
+            for e in prof.key_averages()]
+    rows = sorted((r for r in rows if r[1] > 0), key=lambda r: -r[1])
+    total = sum(r[1] for r in rows) or 1.0
+    families: dict[str, float] = {}
+    for key, ms, _ in rows:
+        fam = next((f for sub, f in FAMILIES if sub.lower() in key.lower()), "other")
+        families[fam] = families.get(fam, 0.0) + ms
+    lines = [f"# {title}: {'device' if gpu else 'CPU self'} time {total:.1f} ms in all", "", "family ms share"]
+    lines += [f"{f} {ms:.1f} {ms / total:.3f}" for f, ms in sorted(families.items(), key=lambda x: -x[1])]
+    lines += ["", "kernel ms calls share"]
+    lines += [f"{key[:110]} {ms:.2f} {n} {ms / total:.3f}" for key, ms, n in rows[:60]]
+    return "\n".join(lines) + "\n"
+
+
 def release_gpu_memory() -> None:
     """Free what a finished run left: the loop closes its runner (engines with their KV cache and decode
     graphs, trainer with its optimizer); collect cycles, then hand the allocator's cached blocks back."""
@@ -121,6 +152,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=4, help="RL steps a run (step 0 is not timed)")
     ap.add_argument("--minutes", type=float, default=2.0, help="time budget a run")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny preset, 16-token responses")
+    ap.add_argument("--profile", action="store_true", help="record each run with torch.profiler (see above)")
     a = ap.parse_args()
     shapes = step_shapes(a.dry_run)
     unknown = [s for s in a.shapes.split(",") if s not in shapes]
@@ -135,7 +167,16 @@ def main() -> int:
         for path in ("strict", "native"):
             cfg = shapes[name].replace(steps=a.steps, path=path)
             t0 = time.time()
-            steps, memory = timed_run(a.out / f"run-{name}-{path}", cfg, a.minutes)
+            if a.profile:
+                acts = [torch.profiler.ProfilerActivity.CPU] + (
+                    [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+                with torch.profiler.profile(activities=acts) as prof:
+                    steps, memory = timed_run(a.out / f"run-{name}-{path}", cfg, a.minutes)
+                report = profile_report(prof, f"{name} {path}, {len(steps)} steps")
+                (a.out / f"profile-{name}-{path}.txt").write_text(report)
+                print(report[:1500], flush=True)
+            else:
+                steps, memory = timed_run(a.out / f"run-{name}-{path}", cfg, a.minutes)
             result[path] = medians(steps)
             print(f"{name} {path}: {len(steps)} steps in {time.time() - t0:.0f} s: "
                   + " ".join(f"{k} {v:.3f}" for k, v in (result[path] | memory).items()), flush=True)
