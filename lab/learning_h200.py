@@ -1,23 +1,31 @@
 """The learning runs on one H200: a warm-started qwen3-0.6b-shaped policy, then strict and native RL arms
 from the same checkpoint (issue 17's "does exactness change learning?").
 
+The task is "add8w" (rlkit/data/arith.py): eight-digit addition answered with its column-by-column working,
+141-157 tokens a response (152 on average), so 256 samples a step compare ~39 k response tokens and 300 steps
+~11.7 M, past issue 17's 10 M for the strict arm; the reward reads only the number after the last "Answer:".
+
 Phases (one per device call, each within the call's 10 minutes):
 - `warmstart --ckpt DIR [--init-from PREV] [--minutes M]`: the supervised phase (rlkit.warmstart.warmstart_0_6b:
-  seeded init, two-digit addition, held-out reward every 25 steps) until the held-out reward lies in
-  0.2-0.6 or M minutes pass; writes the init checkpoint to DIR (DIR must be new). When the budget ends it
-  below the band, run it again with `--init-from DIR --ckpt DIR2` (the weights continue; AdamW restarts).
-- `arm --path strict|native --ckpt DIR --steps N --minutes M`: the RL arm (rlkit.config.learning_0_6b)
-  started from DIR's weights, or continued from its last checkpoint when its run folder exists under
-  --work (rlkit's resume: the loop checkpoints at the step a stop request ends on, so an arm spans device
-  calls). Stops cleanly once M minutes have passed (the current step completes and is checkpointed), then
-  prints every new step (train reward, held-out reward, K3 KL, mismatch_count / max_abs_diff, ratio
-  spread, clipped fraction, grad norm, response length, the sampled tokens' mean -log p as entropy estimate) and exports the store to --out/learning-PATH/
-  (per-token data of every k-th step, k chosen to fit the device channel's 16 MiB a file).
+  seeded init, add8w trained on the whole working, 64-problem batches, held-out reward every 25 steps)
+  until the held-out reward lies in 0.2-0.6 or M minutes pass; writes the init checkpoint to DIR (DIR must
+  be new). When the budget ends it below the band, run it again with `--init-from DIR --ckpt DIR2` (the
+  weights continue; AdamW restarts).
+- `arm --path strict|native --ckpt DIR --steps N --minutes M`: the RL arm (rlkit.config.learning_0_6b:
+  16 prompts x 16 samples, up to 192 new tokens each) started from DIR's weights, or continued from its
+  last checkpoint when its run folder exists under --work (rlkit's resume: the loop checkpoints at the step
+  a stop request ends on, so an arm spans device calls). Stops cleanly once M minutes have passed (the
+  current step completes and is checkpointed), then prints every new step (train reward, held-out reward,
+  K3 KL, mismatch_count / compared tokens and the arm's compared tokens so far against the 10 M target,
+  max_abs_diff, ratio spread, clipped fraction, grad norm, response length, the sampled tokens' mean -log p
+  as entropy estimate) and exports the store to --out/learning-PATH/ (per-token data of every k-th step, k
+  chosen to fit the device channel's 16 MiB a file).
 
 On the lent H200 (rlkit installed editable first, offline; the data travel in an ignored folder):
     RLKIT_DATA=.device_data python3 lab/learning_h200.py warmstart --ckpt /tmp/learn/warm --minutes 8
     RLKIT_DATA=.device_data python3 lab/learning_h200.py arm --path strict --ckpt /tmp/learn/warm --minutes 8 --out $OUT
---dry-run runs the same phases on the CPU with the tiny preset and a few small steps.
+--dry-run runs the same phases on the CPU with the tiny preset and a few small steps of the same task (2 x 2
+samples, responses up to the task's 192 tokens).
 """
 
 from __future__ import annotations
@@ -57,8 +65,15 @@ def warmstart_phase(args) -> int:
     return 0
 
 
-def print_steps(path: str, steps) -> None:
+COMPARED_TARGET = 10_000_000
+"""Issue 17: the strict arm compares at least this many response tokens in all."""
+
+
+def print_steps(path: str, steps, compared_before: int = 0) -> None:
+    """One line per step; `compared_before`: the arm's compared tokens in the steps before these."""
+    compared = compared_before
     for s in steps:
+        compared += s.compared_tokens
         held = "      -" if s.heldout_reward is None else f"{s.heldout_reward:7.3f}"
         grad = "-" if s.grad_norm is None else f"{s.grad_norm:.3g}"
         length = "-" if s.response_tokens_mean is None else f"{s.response_tokens_mean:.2f}"
@@ -66,7 +81,8 @@ def print_steps(path: str, steps) -> None:
         print(f"{path:6} step {s.step:4d} reward {s.reward_mean:.3f} held-out {held} k3_kl {s.k3_kl:.3e} "
               f"mismatch {s.mismatch_count:5d}/{s.compared_tokens:<5d} max|d| {s.max_abs_diff:.3g} "
               f"ratio [{s.ratio_min:.4f}, {s.ratio_max:.4f}] clipped {s.clip_fraction:.4f} grad {grad} "
-              f"len {length} entropy~ {entropy} step {s.timings['step_s']:.2f}s", flush=True)
+              f"len {length} entropy~ {entropy} compared so far {compared / 1e6:.3f} M of "
+              f"{COMPARED_TARGET / 1e6:.0f} M step {s.timings['step_s']:.2f}s", flush=True)
 
 
 def arm_phase(args) -> int:
@@ -83,12 +99,13 @@ def arm_phase(args) -> int:
         wall = timed_run(run_dir, cfg, args.minutes)
     with RunStore.open(run_dir, readonly=True) as store:
         steps = store.steps()
-        print_steps(args.path, steps[before:])
+        print_steps(args.path, steps[before:], sum(s.compared_tokens for s in steps[:before]))
         init = store.info("init_checkpoint") or {}
+        compared = sum(s.compared_tokens for s in steps)
         print(f"{args.path}: {len(steps) - before} steps in {wall:.0f} s this call, {len(steps)} of {args.steps} in "
               f"all; started from {init.get('path')} (weights checksum {init.get('weights_checksum')}, version 0 "
               f"{store.versions()[0].checksum}); mismatches so far {sum(s.mismatch_count for s in steps)} of "
-              f"{sum(s.compared_tokens for s in steps)} compared tokens", flush=True)
+              f"{compared} compared tokens ({compared / COMPARED_TARGET:.1%} of {COMPARED_TARGET:,})", flush=True)
         if args.out:
             exported, every = export(store, Path(args.out) / f"learning-{args.path}")
             print(f"{args.path}: exported {exported} ({exported.stat().st_size / 2**20:.1f} MiB, per-token data of "

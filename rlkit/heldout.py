@@ -7,7 +7,7 @@ own generator seeded by (seed, request id): every evaluation of every run with o
 noise, so two arms' held-out curves differ by their weights alone, and generating them changes nothing
 in the training rollouts.
 
-    held = HeldoutSet.build("add2", 256, SamplingParams(max_tokens=6, seed=0))
+    held = HeldoutSet.build("add8w", 256, SamplingParams(max_tokens=192, seed=0))   # the task's default_max_tokens
     score = held.score(engine.generate(held.requests()))
 """
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from rlkit.config import learning_0_6b
 from rlkit.contract import NumericsContract
 from rlkit.data.tasks import TASKS
 from rlkit.heldout import DECODES, HeldoutSet, decode_sampling
@@ -53,7 +54,8 @@ class WarmStartConfig:
     starts from them must use the same."""
     device: str = "cpu"
     task: str = "add2"
-    """A synthetic task (arith | add2 | add3); its training split trains, its held-out split measures."""
+    """A synthetic task (arith | add2 | add3 | add8w); its training split trains (on each problem's
+    demonstration), its held-out split measures."""
     seed: int = 0
     """Seeds the init, the training batches and the held-out sampling."""
     batch_size: int = 64
@@ -121,14 +123,18 @@ class WarmStartConfig:
 
 def warmstart_0_6b(**overrides) -> WarmStartConfig:
     """The learning runs' warm start (lab/learning_h200.py): qwen3-0.6b shape from its seeded init, bf16
-    on the H200, two-digit addition, 256-problem batches through transformers' Qwen3 on the model's
+    on the H200, eight-digit addition trained on its whole working ("add8w", ~152 target tokens a problem),
+    64-problem batches (~13 k tokens, ~9.7 k of them trained) through transformers' Qwen3 on the model's
     parameters (bf16 autocast, TF32; rlkit's own native prefill runs one attention call per sequence),
     AdamW 3e-4 after 50 warmup steps, the held-out reward (256 prompts, sampled at temperature 1 like the
-    RL rollouts) every 25 steps, within an 8-minute budget per device call."""
-    cfg = WarmStartConfig(model="qwen3-0.6b", dtype="bfloat16", device="cuda", task="add2", seed=1234,
+    RL rollouts, up to the task's 192 new tokens each) every 25 steps, within an 8-minute budget per device
+    call. Why 64 and not add2's 256 problems: 256 x ~205 tokens would keep ~52 k tokens of the eager
+    forward's activations alive, estimated > 100 GiB for this shape. The evaluation engine has the RL arms'
+    settings (rlkit.config.learning_0_6b): all 256 held-out prompts decode at once."""
+    cfg = WarmStartConfig(model="qwen3-0.6b", dtype="bfloat16", device="cuda", task="add8w", seed=1234,
                           backend="transformers",
-                          batch_size=256, lr=3e-4, warmup_steps=50, max_steps=20_000, max_minutes=8.0,
-                          eval_every=25, eval_prompts=256)
+                          batch_size=64, lr=3e-4, warmup_steps=50, max_steps=20_000, max_minutes=8.0,
+                          eval_every=25, eval_prompts=256, engine=learning_0_6b().engine)
     return dataclasses.replace(cfg, **overrides)
 
 

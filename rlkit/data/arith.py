@@ -8,14 +8,31 @@
   before it writes the digit the carry lands in. With 2 digits about 45 % of problems carry out of the
   units and the answer has 1-3 digits; a model learns the units digit (a function of two tokens) long
   before the carried tens and hundreds, so its exact-answer reward climbs through 0.2-0.6 on the way
-  up rather than jumping from 0 to 1 (the supervised phase stops inside that band).
+  up rather than jumping from 0 to 1 (the supervised phase stops inside that band). The user message
+  is "What is a+b? Reply with the number only." and the reward is 1 when the response's first number is
+  the sum (rlkit.data.rewards.arith_reward).
+- `worked_addition_problems`: the same draw of "a+b", answered with its working: task "add8w" (8-digit
+  operands, "w" for worked), the learning runs' long-response task. Issue 17 asks the strict arm to
+  compare >= 10 M response tokens in 300 steps; at 256 samples a step that needs > 130 tokens a
+  response, which a bare sum (<= 10 tokens) is far from. The warm start trains on the working
+  (`worked_solution`, the Problem's demonstration): one line per column from the units up,
 
-The user message is "What is a+b? Reply with the number only." and the reward is 1 when the response's
-first number is the sum (rlkit.data.rewards.arith_reward).
+      i: x+y+c=s write w carry k      (column i, 1 = units; digits x of a and y of b, 0 past a number's
+                                       length; c the incoming carry; s = x+y+c; w = s mod 10; k = s div 10)
+
+  then "Answer: a+b". Qwen3's tokenizer writes every digit as a token, so a column line is 16 tokens
+  (its newline included) + the 1-2 digits of s, and the answer line 3 + the digits of the sum: with
+  8 digits and <|im_end|>, 141 (0+0) to 157 tokens, 152 on average over uniform pairs (measured with
+  the real tokenizer in tests/data/test_worked_addition.py). Each line depends on two prompt digits and
+  the line before it, so a model can learn it column by column; the answer is the written digits read
+  back in reverse, behind the last carry. The reward reads only the number after the last "Answer:"
+  (rlkit.data.rewards.final_answer_reward), never the working: a wrong sum under a neat working scores 0,
+  and RL is free to change the working.
 
 Held-out split: one operand pair in HELDOUT_EVERY (by a CRC of "a+b") is held out. `split="train"` never
 draws a held-out pair and `split="heldout"` draws only those, so a held-out reward measures answers to
-problems the model never trained on, however long it trains (2 digits: 10,000 pairs, ~500 held out).
+problems the model never trained on, however long it trains (2 digits: 10,000 pairs, ~500 held out;
+the worked tasks split their pairs the same way).
 """
 
 from __future__ import annotations
@@ -44,11 +61,11 @@ def is_heldout(a: int, b: int) -> bool:
     return zlib.crc32(f"{a}+{b}".encode()) % HELDOUT_EVERY == 0
 
 
-def addition_problems(n: int, seed: int, split: str = "train", *, digits: int) -> list[Problem]:
-    """n problems "a+b" with a, b uniform in 0..10**digits - 1, from the given split (seeded)."""
+def _pairs(n: int, seed: int, split: str, digits: int) -> list[tuple[int, int]]:
+    """n operand pairs uniform in 0..10**digits - 1 from the given split (seeded)."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: expected one of {', '.join(SPLITS)}")
-    if not 1 <= digits <= 9:
+    if not 1 <= digits <= 9:  # worked solutions: a column number stays one token
         raise ValueError(f"digits {digits}: expected 1..9")
     rng = random.Random(seed)
     top = 10**digits - 1
@@ -57,10 +74,41 @@ def addition_problems(n: int, seed: int, split: str = "train", *, digits: int) -
     while len(out) < n:
         a, b = rng.randint(0, top), rng.randint(0, top)
         if is_heldout(a, b) == want_heldout:
-            out.append(Problem(f"add{digits}-{split}-{seed}-{len(out)}", _question(a, b), str(a + b),
-                               f"add{digits}"))
+            out.append((a, b))
     return out
+
+
+def addition_problems(n: int, seed: int, split: str = "train", *, digits: int) -> list[Problem]:
+    """n problems "a+b" with a, b uniform in 0..10**digits - 1, from the given split (seeded)."""
+    return [Problem(f"add{digits}-{split}-{seed}-{i}", _question(a, b), str(a + b), f"add{digits}")
+            for i, (a, b) in enumerate(_pairs(n, seed, split, digits))]
+
+
+def worked_solution(a: int, b: int, digits: int) -> str:
+    """The column-by-column solution of a+b over `digits` columns, ending with the line "Answer: a+b"."""
+    if not (0 <= a < 10**digits and 0 <= b < 10**digits):
+        raise ValueError(f"{a}+{b}: operands must lie in 0..{10**digits - 1}")
+    lines, carry = [], 0
+    for i in range(digits):
+        x, y = a // 10**i % 10, b // 10**i % 10
+        s = x + y + carry
+        lines.append(f"{i + 1}: {x}+{y}+{carry}={s} write {s % 10} carry {s // 10}")
+        carry = s // 10
+    lines.append(f"Answer: {a + b}")
+    return "\n".join(lines)
+
+
+def worked_addition_problems(n: int, seed: int, split: str = "train", *, digits: int) -> list[Problem]:
+    """As addition_problems (the same pairs for the same seed and split), asking for the working; the
+    Problem's demonstration is `worked_solution`."""
+    return [Problem(f"add{digits}w-{split}-{seed}-{i}", _worked_question(a, b), str(a + b), f"add{digits}w",
+                    demonstration=worked_solution(a, b, digits))
+            for i, (a, b) in enumerate(_pairs(n, seed, split, digits))]
 
 
 def _question(a: int, b: int) -> str:
     return f"What is {a}+{b}? Reply with the number only."
+
+
+def _worked_question(a: int, b: int) -> str:
+    return f'What is {a}+{b}? Work column by column from the units up, then give the sum as "Answer: N".'

@@ -23,7 +23,15 @@ class Problem:
     prompt_id: str
     question: str
     answer: str
+    """What the reward checks the response against."""
     source: str
+    demonstration: str = ""
+    """The response a supervised warm start trains on (rlkit/train/warm_start.py; <|im_end|> follows it):
+    a worked task's full working (rlkit.data.arith.worked_solution); empty: the answer."""
+
+    def __post_init__(self) -> None:
+        if not self.demonstration:
+            object.__setattr__(self, "demonstration", self.answer)
 
     def user_message(self) -> str:
         if self.source == "dapo":

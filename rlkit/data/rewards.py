@@ -1,4 +1,5 @@
-"""Reward functions: DAPO's "Answer: N" last line, GSM8K's "#### N", and the arithmetic task's answer.
+"""Reward functions: DAPO's "Answer: N" last line, GSM8K's "#### N", the arithmetic task's answer, and
+the worked arithmetic tasks' number after the last "Answer:".
 
 Each returns 1.0 for a correct final answer and 0.0 otherwise (no partial credit: the reward is the
 task's own criterion, so reward curves compare across runs).
@@ -42,6 +43,17 @@ def arith_reward(response: str, answer: str) -> float:
     return float(bool(m) and _normalize(m.group(0)) == _normalize(answer))
 
 
+def final_answer_reward(response: str, answer: str) -> float:
+    """Worked tasks (add8w): the number right after the last `Answer:` (spaces between allowed) equals
+    the answer. Nothing else is read: the working above it may be anything, and text after the number
+    does not count."""
+    _, marker, tail = response.rpartition("Answer:")
+    if not marker:
+        return 0.0
+    m = re.match(rf"[ \t]*({_NUMBER})", tail)
+    return float(bool(m) and _normalize(m.group(1)) == _normalize(answer))
+
+
 def ascii_share(response: str) -> float:
     """A shaping term, not a task reward: the share of the response's characters that are ASCII, a
     language-consistency reward for English prompts (in the spirit of DeepSeek-R1's: the share of the
@@ -49,4 +61,4 @@ def ascii_share(response: str) -> float:
     return sum(c < "\x80" for c in response) / len(response) if response else 0.0
 
 
-REWARDS = {"dapo": dapo_reward, "gsm8k": gsm8k_reward, "arith": arith_reward}
+REWARDS = {"dapo": dapo_reward, "gsm8k": gsm8k_reward, "arith": arith_reward, "final_answer": final_answer_reward}

@@ -8,9 +8,9 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from rlkit.data.arith import addition_problems, arith_problems
+from rlkit.data.arith import addition_problems, arith_problems, worked_addition_problems
 from rlkit.data.datasets import Problem, load_dapo, load_gsm8k
-from rlkit.data.rewards import arith_reward, dapo_reward, gsm8k_reward
+from rlkit.data.rewards import arith_reward, dapo_reward, final_answer_reward, gsm8k_reward
 
 HELDOUT_SEED = 2_718_281
 """The seed of every task's held-out set: the same problems for every run and every arm."""
@@ -53,7 +53,8 @@ class Task:
         if self.name == "gsm8k":
             test = load_gsm8k("test")
             return list(test[:n])
-        raise ValueError(f"task {self.name!r} has no held-out split (choose arith, add2, add3 or gsm8k)")
+        raise ValueError(f"task {self.name!r} has no held-out split (choose "
+                         f"{', '.join(k for k, t in TASKS.items() if t.generate)} or gsm8k)")
 
 
 def _arith(n: int, seed: int, split: str) -> list[Problem]:
@@ -64,11 +65,14 @@ TASKS = {
     "arith": Task("arith", arith_reward, 6, _arith),
     "add2": Task("add2", arith_reward, 6, functools.partial(addition_problems, digits=2)),
     "add3": Task("add3", arith_reward, 8, functools.partial(addition_problems, digits=3)),
+    "add8w": Task("add8w", final_answer_reward, 192, functools.partial(worked_addition_problems, digits=8)),
     "gsm8k": Task("gsm8k", gsm8k_reward, 256),
     "dapo": Task("dapo", dapo_reward, 512),
 }
-"""arith: single-digit sums (the tiny CPU lab); add2 / add3: two- and three-digit addition with carries
-(the warm-started learning runs, rlkit/data/arith.py says why); gsm8k and dapo: the datasets."""
+"""arith: single-digit sums (the tiny CPU lab); add2 / add3: two- and three-digit addition with carries,
+answered by the bare sum; add8w: eight-digit addition answered with its column-by-column working (141-157
+tokens; 192 leaves 35 tokens of margin), the learning runs' task (rlkit/data/arith.py says why);
+gsm8k and dapo: the datasets."""
 
 
 def task(name: str) -> Task:

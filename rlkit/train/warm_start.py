@@ -1,12 +1,14 @@
 """The supervised warm start: a start on a synthetic task with a checked answer (rlkit.data.tasks: "arith"
-by default, "add2"/"add3" for the learning runs), so the policy's reward begins above zero and RL has
-something to improve.
+by default, "add8w" for the learning runs; "add2"/"add3" too), so the policy's reward begins above zero and
+RL has something to improve.
 
-Each step trains on a seeded batch of the task's training split (chat prompt -> "answer<|im_end|>"; only the
-answer tokens are trained, so a step costs a few lm_head rows). No comparison is at stake here -- the warm start ends before
-weight version 0, whose checksum the timeline records -- so it uses the native ops and computes in fp32
-whatever the model's dtype (CPUs without AMX or AVX-512 BF16 run torch's bf16 GEMMs on a slow fallback;
-measured on an AVX2-only EPYC: ~15 s a step in bf16), then rounds the weights back to the model's dtype once.
+Each step trains on a seeded batch of the task's training split (chat prompt -> "demonstration<|im_end|>":
+the Problem's demonstration is the bare answer for arith / add2 / add3 and the whole column-by-column working
+for add8w; only those target tokens are trained, the prompt's are not). No comparison is at stake here --
+the warm start ends before weight version 0, whose checksum the timeline records -- so it uses the native
+ops and computes in fp32 whatever the model's dtype (CPUs without AMX or AVX-512 BF16 run torch's bf16
+GEMMs on a slow fallback; measured on an AVX2-only EPYC: ~15 s a step in bf16), then rounds the weights
+back to the model's dtype once.
 
 It stops between two steps when `stop` is set (SIGTERM, Ctrl-C) by raising `WarmStartStopped`, and reports
 each step to `on_step` (the run writes it to its store, where the dashboard shows it). `until` ends it early
@@ -32,7 +34,7 @@ from typing import Callable
 import torch
 
 from rlkit import NumericsContract, ops
-from rlkit.data.tasks import task as get_task
+from rlkit.data.tasks import TASKS, task as get_task
 from rlkit.model.qwen3 import ForwardBatch
 from rlkit.model.tokenizer import EOS_ID, PAD_ID, chat_prompt_ids, load_tokenizer
 
@@ -72,16 +74,21 @@ def _tf32(on: bool):
         torch.set_float32_matmul_precision(previous)
 
 
+def _examples(problems, tok) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, target ids) of each problem: the chat prompt, and the demonstration + <|im_end|>. The
+    one definition of what the warm start trains on, for both layouts below."""
+    return [(chat_prompt_ids(p.user_message(), tok),
+             tok(p.demonstration, add_special_tokens=False)["input_ids"] + [EOS_ID]) for p in problems]
+
+
 def _batch(problems, tok) -> tuple[list[torch.Tensor], list[int], list[int]]:
-    """Packed sequences, the rows whose next token is an answer token, and those answer tokens."""
+    """Packed sequences, the rows whose next token is a target token, and those target tokens."""
     seqs, rows, labels, off = [], [], [], 0
-    for p in problems:
-        prompt = chat_prompt_ids(p.user_message(), tok)
-        answer = tok(p.answer, add_special_tokens=False)["input_ids"] + [EOS_ID]
-        seqs.append(torch.tensor(prompt + answer))
-        rows.extend(range(off + len(prompt) - 1, off + len(prompt) - 1 + len(answer)))
-        labels.extend(answer)
-        off += len(prompt) + len(answer)
+    for prompt, target in _examples(problems, tok):
+        seqs.append(torch.tensor(prompt + target))
+        rows.extend(range(off + len(prompt) - 1, off + len(prompt) - 1 + len(target)))
+        labels.extend(target)
+        off += len(prompt) + len(target)
     return seqs, rows, labels
 
 
@@ -106,15 +113,13 @@ def _transformers_twin(model):
 
 
 def _padded(problems, tok, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ids [B, L], attention mask, and the (row, position) of every answer token's
-    predecessor with that answer token: the same pairs as `_batch`, laid out for a padded batch."""
+    """Right-padded ids [B, L], attention mask, and the (row, position) of every target token's
+    predecessor with that target token: the same pairs as `_batch`, laid out for a padded batch."""
     seqs, where, labels = [], [], []
-    for i, p in enumerate(problems):
-        prompt = chat_prompt_ids(p.user_message(), tok)
-        answer = tok(p.answer, add_special_tokens=False)["input_ids"] + [EOS_ID]
-        seqs.append(prompt + answer)
-        where.extend((i, len(prompt) - 1 + j) for j in range(len(answer)))
-        labels.extend(answer)
+    for i, (prompt, target) in enumerate(_examples(problems, tok)):
+        seqs.append(prompt + target)
+        where.extend((i, len(prompt) - 1 + j) for j in range(len(target)))
+        labels.extend(target)
     width = max(len(q) for q in seqs)
     ids = torch.full((len(seqs), width), PAD_ID, dtype=torch.int64)
     mask = torch.zeros((len(seqs), width), dtype=torch.int64)
@@ -133,10 +138,12 @@ def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size:
     rate rising linearly over the first `warmup_steps`); returns the loss per step. `backend` "rlkit" runs
     the model's own forward (packed sequences, native ops); "transformers" runs transformers' Qwen3 on the
     same parameters over a right-padded batch (one SDPA call a layer instead of one a sequence, and bf16
-    autocast on CUDA), then the same answer-token loss through rlkit's logprob op."""
+    autocast on CUDA), then the same target-token loss through rlkit's logprob op. The loss is the mean
+    over the batch's target tokens (each a row of rlkit's logprob op)."""
     generate = get_task(task).generate
     if generate is None:
-        raise ValueError(f"task {task!r} is not a synthetic task; the warm start trains on arith, add2 or add3")
+        raise ValueError(f"task {task!r} is not a synthetic task; the warm start trains on "
+                         f"{', '.join(k for k, t in TASKS.items() if t.generate)}")
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     tok = load_tokenizer()
@@ -169,14 +176,14 @@ def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size:
                     if twin is None:
                         seqs, rows, labels = _batch(problems, tok)
                         hidden = model(ForwardBatch.packed([s.to(device) for s in seqs]))
-                        answer_rows = hidden[torch.tensor(rows, device=device)]
-                        answers = torch.tensor(labels, device=device)
+                        target_rows = hidden[torch.tensor(rows, device=device)]
+                        targets = torch.tensor(labels, device=device)
                     else:
-                        ids, mask, where, answers = _padded(problems, tok, device)
+                        ids, mask, where, targets = _padded(problems, tok, device)
                         with amp:
                             hidden = twin.model(input_ids=ids, attention_mask=mask).last_hidden_state
-                        answer_rows = hidden[where[:, 0], where[:, 1]].float()
-                    loss = -model.logprobs(answer_rows, answers).float().mean()
+                        target_rows = hidden[where[:, 0], where[:, 1]].float()
+                    loss = -model.logprobs(target_rows, targets).float().mean()
                     opt.zero_grad()
                     loss.backward()
                     opt.step()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlkit.data.rewards import REWARDS, arith_reward, ascii_share, dapo_reward, gsm8k_reward
+from rlkit.data.rewards import REWARDS, arith_reward, ascii_share, dapo_reward, final_answer_reward, gsm8k_reward
 
 
 @pytest.mark.parametrize("response, answer, expected", [
@@ -56,6 +56,28 @@ def test_arith_reward(response, answer, expected):
     assert arith_reward(response, answer) == expected
 
 
+@pytest.mark.parametrize("response, answer, expected", [
+    ("1: 3+4+0=7 write 7 carry 0\nAnswer: 7", "7", 1.0),
+    ("Answer: 7", "7", 1.0),                              # the working is never read
+    ("1: 3+4+0=8 write 8 carry 0\nAnswer: 7", "7", 1.0),  # ... not even a wrong one
+    ("1: 3+4+0=7 write 7 carry 0\nAnswer: 8", "7", 0.0),  # a right working, a wrong answer
+    ("1: 3+4+0=7 write 7 carry 0\n7", "7", 0.0),          # no "Answer:"
+    ("Answer: 7\nAnswer: 8", "7", 0.0),                   # the last "Answer:" counts
+    ("Answer: 8\nAnswer: 7", "7", 1.0),
+    ("Answer:7", "7", 1.0),
+    ("Answer: 7<|im_end|>", "7", 1.0),
+    ("Answer: 7 and more text", "7", 1.0),                # what follows the number is not read
+    ("Answer: 70", "7", 0.0),
+    ("Answer: 07", "7", 0.0),                             # not normalized: a different string
+    ("Answer:\n7", "7", 0.0),                             # the number must follow on the line
+    ("Answer: seven", "7", 0.0),
+    ("answer: 7", "7", 0.0),                              # the marker is case-sensitive
+    ("", "7", 0.0),
+])
+def test_final_answer_reward(response, answer, expected):
+    assert final_answer_reward(response, answer) == expected
+
+
 def test_ascii_share_counts_characters():
     assert ascii_share("") == 0.0
     assert ascii_share("abc") == 1.0
@@ -64,4 +86,5 @@ def test_ascii_share_counts_characters():
 
 
 def test_reward_table_names_each_task():
-    assert REWARDS == {"dapo": dapo_reward, "gsm8k": gsm8k_reward, "arith": arith_reward}
+    assert REWARDS == {"dapo": dapo_reward, "gsm8k": gsm8k_reward, "arith": arith_reward,
+                       "final_answer": final_answer_reward}

@@ -33,3 +33,30 @@ def test_a_stop_request_ends_it_between_steps():
     with pytest.raises(WarmStartStopped, match="after 1 of 1000 steps"):
         warm_start(model, 1000, seed=1, batch_size=8, stop=stop, on_step=after_first)
     assert next(model.parameters()).dtype == torch.bfloat16 and not model.training
+
+
+def test_the_targets_are_the_whole_working_in_both_layouts():
+    """add8w trains on every token of the working + <|im_end|>, not the answer alone; the packed (rlkit)
+    and padded (transformers) batches pick the same (sequence, position) pairs and the same targets."""
+    from rlkit.data.arith import worked_addition_problems
+    from rlkit.model.tokenizer import EOS_ID, chat_prompt_ids, load_tokenizer
+    from rlkit.train.warm_start import _batch, _padded
+
+    tok = load_tokenizer()
+    problems = worked_addition_problems(5, seed=11, digits=8)
+    seqs, rows, labels = _batch(problems, tok)
+    ids, mask, where, targets = _padded(problems, tok, "cpu")
+    assert torch.equal(targets, torch.tensor(labels)), "the two layouts train on different targets"
+    starts = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)[:-1]
+    packed_pairs = [(int(torch.searchsorted(starts, r, right=True)) - 1, r) for r in rows]
+    assert [(i, int(starts[i]) + p) for i, p in where.tolist()] == [(i, r) for i, r in packed_pairs]
+    flat = torch.cat(seqs)
+    assert torch.equal(flat[torch.tensor(rows) + 1], torch.tensor(labels))  # each row predicts its target
+    assert torch.equal(ids[where[:, 0], where[:, 1] + 1], targets)
+    for i, p in enumerate(problems):
+        mine = targets[where[:, 0] == i].tolist()
+        prompt = chat_prompt_ids(p.user_message(), tok)
+        assert mine[-1] == EOS_ID and tok.decode(mine[:-1]) == p.demonstration  # the whole working
+        assert p.demonstration.count("\n") == 8 and p.demonstration.endswith(f"Answer: {p.answer}")
+        assert 141 <= len(mine) <= 157 and len(seqs[i]) == len(prompt) + len(mine)  # all of the response
+        assert int(mask[i].sum()) == len(seqs[i]) and ids[i, :len(prompt)].tolist() == prompt
