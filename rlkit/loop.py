@@ -94,6 +94,8 @@ def run(run_dir, cfg: RunConfig | None = None, *, resume: bool = False, progress
             warm_start(model, cfg.warm_start_steps, seed=cfg.seed, task=warm_task, progress=progress, stop=stop,
                        on_step=report)
         runner = make_runner(cfg, model, contract, **(runner_kwargs or {}))
+        if not resume:  # where the actors run (a refused resume changes nothing in its store)
+            store.set_info("placement", runner.placement())
         stored = {v.version: v for v in store.versions()}
         if ckpt is None:  # start (or restart) from the initial weights: version 0, synced to every engine
             checksum = runner.publish(0)

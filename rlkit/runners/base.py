@@ -49,6 +49,8 @@ class Runner(Protocol):
 
     def close(self) -> None: ...
 
+    def placement(self) -> dict: ...
+
 
 def engine_of(request_index: int, samples_per_prompt: int, engines: int) -> int:
     """Prompt groups round-robin over engines."""

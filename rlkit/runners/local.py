@@ -69,6 +69,10 @@ class LocalRunner:
         self.trainer.load(path)
         return self.sync(version, self.publish(version))
 
+    def placement(self) -> dict:
+        """Where the trainer and the engines run: this process, on the run's device."""
+        return {"runner": "local", "device": self.cfg.device}
+
     def close(self) -> None:
         """Drop the engines (weights, KV cache, decode graphs) and the trainer (model, optimizer): once the
         loop has closed its runner their GPU memory is free, whoever still holds the runner (a second run

@@ -1,11 +1,19 @@
 """RayRunner: trainer actors and rollout actors; weights travel through Ray's object store.
 
-Placement: every actor asks for `num_cpus` (1 by default) and `num_gpus` (0 on the CPU; 1 per actor
-when the run's device is CUDA). A rollout actor that dies is restarted by Ray (max_restarts); the runner
-then loads the current weight version into it again (a SyncEvent records the re-sync, checksum
-acknowledged) and resubmits that engine's requests. Generation is a pure function of (weights, contract,
-request), so the retried requests yield the same records, and results are collected once per request
-id: nothing is lost or duplicated.
+Placement: every actor asks for `num_cpus` (1 by default). On the CPU it asks for no GPU. When the run's
+device is CUDA, the actors are placed over the Ray cluster's GPUs (or `gpus` of them) by
+rlkit/runners/placement.py: the ranks of one group (the trainer's, each engine's) on distinct GPUs,
+trainer and engines sharing GPUs when there are fewer GPUs than actors (a TP 1 x CP 2 trainer and a TP-2
+engine on two GPUs: one trainer rank and one engine rank on each), each actor pinned to its GPU through
+a placement group bundle and asking for an equal share of it. `gpus=N` on a CPU run places the actors
+the same way over N GPUs the Ray cluster declares (`ray.init(num_gpus=N)`), computing on the CPU: the
+placement's test without a GPU. `placement()` says where each rank landed (Ray's GPU ids).
+
+A rollout actor that dies is restarted by Ray (max_restarts); the runner then loads the current weight
+version into it again (a SyncEvent records the re-sync, checksum acknowledged) and resubmits that
+engine's requests. Generation is a pure function of (weights, contract, request), so the retried
+requests yield the same records, and results are collected once per request id: nothing is lost or
+duplicated.
 
 Tensor-parallel engines (`RunConfig.rollout_tp` > 1): an engine is `rollout_tp` actors, one per rank,
 joined in their own process group (gloo on the CPU, NCCL on GPUs) and holding their shards of the model
@@ -35,6 +43,7 @@ from rlkit.distributed import free_port, join_group
 from rlkit.model.qwen3 import Qwen3ForCausalLM
 from rlkit.rollout.types import GenerationRequest, GenerationResult
 from rlkit.runners.base import engine_copy, split_requests, sync_event
+from rlkit.runners.placement import plan_gpus
 from rlkit.timeline.records import SyncEvent
 from rlkit.train.trainer import TrainBatch
 
@@ -60,6 +69,9 @@ class _TrainerActor:
 
     def train_step(self, batch: TrainBatch):
         return self.trainer.train_step(batch)
+
+    def gpu_ids(self) -> list:
+        return _ray().get_gpu_ids()
 
     def publish(self):
         return self.trainer.state_dict(), self.trainer.checksum()
@@ -98,6 +110,9 @@ class _RolloutActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def gpu_ids(self) -> list:
+        return _ray().get_gpu_ids()
+
     def generate(self, requests):
         return self.engine.generate(requests)
 
@@ -126,30 +141,34 @@ class _RolloutActor:
 
 class RayRunner:
     def __init__(self, cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsContract,
-                 num_cpus_per_actor: float = 1, kill_engine_at: tuple[int, int] | None = None):
+                 num_cpus_per_actor: float = 1, kill_engine_at: tuple[int, int] | None = None,
+                 gpus: int | None = None):
+        """`gpus`: how many of the Ray cluster's GPUs to place the actors over (None: all of them when the
+        run's device is CUDA, none on the CPU)."""
         ray = _ray()
         if not ray.is_initialized():
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             ray.init(include_dashboard=False, log_to_driver=False, num_cpus=max(2, os.cpu_count() or 2))
         self.cfg = cfg
         self.contract = contract
-        gpus = 1 if cfg.device.startswith("cuda") else 0
-        tp = cfg.rollout_tp
-        trainer_cls = ray.remote(num_cpus=num_cpus_per_actor, num_gpus=gpus)(_TrainerActor)
-        rollout_cls = ray.remote(num_cpus=num_cpus_per_actor, num_gpus=gpus, max_restarts=3 if tp == 1 else 0,
+        tp, ranks = cfg.rollout_tp, cfg.trainer_ranks
+        self.engine_ids = [f"engine-{i}" for i in range(cfg.engines)]
+        self.plan, self._pg = self._place(cfg, gpus, num_cpus_per_actor)
+        trainer_cls = ray.remote(num_cpus=num_cpus_per_actor)(_TrainerActor)
+        rollout_cls = ray.remote(num_cpus=num_cpus_per_actor, max_restarts=3 if tp == 1 else 0,
                                  max_task_retries=0)(_RolloutActor)
         # Kept referenced for the runner's lifetime: Ray restarts a dead actor from its constructor
         # arguments, which must still be in the object store then.
         self._model_ref = model_ref = ray.put(model)
-        ranks = cfg.trainer_ranks
         port = free_port() if ranks > 1 else 0
-        self.trainers = [trainer_cls.remote(cfg, model_ref, contract, r, port) for r in range(ranks)]
+        self.trainers = [self._on_gpu(trainer_cls, "trainer", r).remote(cfg, model_ref, contract, r, port)
+                         for r in range(ranks)]
         self.trainer = self.trainers[0]
-        self.engine_ids = [f"engine-{i}" for i in range(cfg.engines)]
         self.groups = []  # the actors of each engine, rank 0 first
         for eid in self.engine_ids:
             port = free_port() if tp > 1 else 0
-            self.groups.append([rollout_cls.remote(cfg, model_ref, contract, eid, r, port) for r in range(tp)])
+            self.groups.append([self._on_gpu(rollout_cls, eid, r).remote(cfg, model_ref, contract, eid, r, port)
+                                for r in range(tp)])
         self.engines = [g[0] for g in self.groups]
         self._version = 0
         self._weights_ref = None
@@ -157,6 +176,58 @@ class RayRunner:
         self.resyncs: list[SyncEvent] = []
         self._kill_engine_at = kill_engine_at
         self._step = -1
+
+    def _place(self, cfg: RunConfig, gpus: int | None, cpus: float):
+        """(the GPU plan, the placement group holding one bundle a GPU it uses), or (None, None) when the
+        actors ask for no GPU."""
+        ray = _ray()
+        have = int(ray.cluster_resources().get("GPU", 0))
+        if gpus is None:
+            if not cfg.device.startswith("cuda"):
+                return None, None
+            if have == 0:
+                raise RuntimeError(f"device {cfg.device}, but the Ray cluster has no GPU")
+            if cfg.device not in ("cuda", "cuda:0"):  # an actor sees its own GPU alone, as cuda:0
+                raise ValueError(f"device {cfg.device}: the RayRunner places its actors on GPUs itself; "
+                                 f"use device cuda")
+            gpus = have
+        if gpus == 0:
+            return None, None
+        if gpus > have:
+            raise ValueError(f"placing on {gpus} GPUs, but the Ray cluster has {have}")
+        plan = plan_gpus({"trainer": cfg.trainer_ranks, **{eid: cfg.rollout_tp for eid in self.engine_ids}}, gpus)
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        bundles = [{"GPU": 1, **({"CPU": cpus * n} if cpus else {})} for n in plan.load.values()]
+        pg = placement_group(bundles, strategy="PACK")
+        try:
+            ray.get(pg.ready(), timeout=120)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(pg)
+            raise RuntimeError(f"Ray could not reserve {len(bundles)} GPUs with {cpus} CPUs an actor within "
+                               f"120 s (cluster: {ray.cluster_resources()})") from None
+        return plan, pg
+
+    def _on_gpu(self, cls, group: str, rank: int):
+        """The actor class pinned to rank `rank` of `group`'s planned GPU (as is when no GPU is used)."""
+        if self.plan is None:
+            return cls
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = list(self.plan.load).index(self.plan.gpus[group][rank])
+        return cls.options(num_gpus=self.plan.share, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            self._pg, placement_group_bundle_index=bundle))
+
+    def placement(self) -> dict:
+        """Where the actors run: the plan (GPU indices among those placed over) and, per group, the GPU
+        ids Ray gave each rank (what its CUDA_VISIBLE_DEVICES holds)."""
+        if self.plan is None:
+            return {"runner": "ray", "device": self.cfg.device, "gpus": 0}
+        actors = {"trainer": self.trainers, **dict(zip(self.engine_ids, self.groups))}
+        ids = {name: [[str(i) for i in got] for got in self._get([a.gpu_ids.remote() for a in group])]
+               for name, group in actors.items()}
+        return {"runner": "ray", "device": self.cfg.device, "gpus": len(self.plan.load), "share": self.plan.share,
+                "plan": self.plan.gpus, "ray_gpu_ids": ids}
 
     def _get(self, refs):
         return _ray().get(refs)
@@ -293,3 +364,8 @@ class RayRunner:
         ray = _ray()
         for actor in [*self.trainers, *(a for g in self.groups for a in g)]:
             ray.kill(actor, no_restart=True)
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._pg)
+            self._pg = None

@@ -289,7 +289,7 @@ class RunStore:
     def schema_version(self) -> int:
         return int(self._rows("SELECT value FROM meta WHERE key = 'schema_version'")[0][0])
 
-    INFO_KEYS = ("platform", "progress", "import", "run_state", "init_checkpoint")
+    INFO_KEYS = ("platform", "progress", "import", "run_state", "init_checkpoint", "placement")
     """Run information that is not part of the timeline: where the run computes and why in that dtype
     ("platform"), what it is doing before its first step ("progress": the warm start's step, loss
     and time left), for a run imported from another framework's dump where it came from and what
@@ -297,7 +297,8 @@ class RunStore:
     finished, stopped or failed, and why ("run_state", rlkit/loop.py; a writer killed outright leaves
     "running" behind, which readers check against the writer lock), and the init checkpoint a run started
     from instead of its seeded init ("init_checkpoint": path, weights checksum, SHA-256, what made it;
-    rlkit/loop.py). Overwritten in place; readers take the latest."""
+    rlkit/loop.py), and where the runner put the trainer's and the engines' ranks ("placement": the
+    runner's `placement()`, e.g. each Ray actor's GPU). Overwritten in place; readers take the latest."""
 
     def set_info(self, key: str, value: dict[str, Any]) -> None:
         if key not in self.INFO_KEYS:
