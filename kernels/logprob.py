@@ -388,20 +388,28 @@ def triton_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contr
     return out
 
 
+PARALLEL_CHUNKS = False
+"""Whether plans use the chunk-parallel form for fewer rows than the GPU has SMs. Off until the H200 has
+shown it gives the one-program-a-row bits (tests/gpu/test_kernels_gpu.py compares the two forms on 700
+rows) and timed it (the benchmark's `strict_parallel_chunks` rows): the engine's decode rows and the
+trainer's rows must keep taking forms that agree bit for bit."""
+
+
 def chunks_in_parallel(rows: int, device: torch.device) -> bool:
-    """Fewer rows than the GPU has SMs: one program a (row, vocab chunk), then a merge per row (decode
-    steps, the engine's samplers); else one program a row. Either way the same bits."""
-    return rows < _tr.sm_count(device)
+    """Fewer rows than the GPU has SMs (and PARALLEL_CHUNKS): one program a (row, vocab chunk), then a
+    merge per row (decode steps, the engine's samplers); else one program a row. The same states and the
+    same tree either way."""
+    return PARALLEL_CHUNKS and rows < _tr.sm_count(device)
 
 
-def triton_logprob(hidden, weight, token_ids, contract, params=None):
+def triton_logprob(hidden, weight, token_ids, contract, params=None, parallel: bool | None = None):
     _check(hidden, weight)
     check_ids(token_ids, hidden.shape[0], weight.shape[0], hidden.device)
     out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     step = max(contract.logprob.row_block, GPU_ROW_BLOCK)
     for lo in range(0, hidden.shape[0], step):
         block = gemm.triton_partial(hidden[lo : lo + step], weight, contract, 1, torch.float32)
-        out[lo : lo + step] = triton_from_logits(block, token_ids[lo : lo + step], contract, params)
+        out[lo : lo + step] = triton_from_logits(block, token_ids[lo : lo + step], contract, params, parallel)
     return out
 
 

@@ -291,12 +291,19 @@ def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096)) -> None:
         ids = torch.randint(0, n, (m,), device="cuda")
         t_nat = _bench(lambda: torch.log_softmax(F.linear(h, w).float(), -1).gather(-1, ids[:, None]))
         t_str = _bench(lambda: logprob.triton_logprob(h, w, ids, c))
+        # the chunk-parallel form (logprob.PARALLEL_CHUNKS decides whether plans take it), its bits checked
+        other = not logprob.chunks_in_parallel(m, h.device)
+        same = torch.equal(logprob.triton_logprob(h, w, ids, c, parallel=other), logprob.triton_logprob(h, w, ids, c))
+        t_other = _bench(lambda: logprob.triton_logprob(h, w, ids, c, parallel=other))
         # rlkit's own native path checks the ids as strict does (one device sync a call): like for like
         t_rlkit_nat = _bench(lambda: logprob.native(h, w, ids, c))
         shape = f"lm_head M={m} K={k} V={n}"
         rec.add("logprob", "native_mm_log_softmax", shape, "ms", t_nat)
         rec.add("logprob", "native_rlkit", shape, "ms", t_rlkit_nat)
         rec.add("logprob", "strict", shape, "ratio_vs_native_rlkit", t_rlkit_nat / t_str)
+        form = "strict_parallel_chunks" if other else "strict_row_programs"
+        rec.add("logprob", form, shape, "ratio_vs_native", t_nat / t_other)
+        rec.add("logprob", form, shape, "same_bits", float(same))
         rec.add("logprob", "strict", shape, "ms", t_str)
         rec.add("logprob", "strict", shape, "ratio_vs_native", t_nat / t_str)
 
