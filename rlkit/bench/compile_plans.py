@@ -324,10 +324,12 @@ def _rowwise(col: _Collector, cfg: Qwen3Config, contract: NumericsContract, dtyp
         f32 = _t(torch.float32)
         meta = dict(VC=vc, NC=nc, LOG_NC=nc.bit_length() - 1, num_warps=8, **opts)
         args = (f32, _t(torch.int64), f32, f32, vocab, vocab)
-        col.add("logprob", [("rows", logprob._logprob_rows_kernel, args, dict(meta, MODE=0)),
-                            ("chunk states", logprob._logprob_rows_kernel, args, dict(meta, MODE=1)),
-                            ("merge", logprob._logprob_rows_kernel, args, dict(meta, MODE=2))],
+        col.add("logprob", [("rows", logprob._logprob_rows_kernel, args, dict(meta, MODE=0))],
                 f"{cfg.name} logprob V={vocab} (logprob.triton_from_logits)")
+        col.add("logprob", [("chunk states", logprob._logprob_rows_kernel, args, dict(meta, MODE=1)),
+                            ("merge", logprob._logprob_rows_kernel, args, dict(meta, MODE=2))],
+                f"{cfg.name} logprob V={vocab} (logprob.triton_from_logits, chunk-parallel form)",
+                chosen=logprob.PARALLEL_CHUNKS)
         col.add("logprob", [("top-p scan", logprob._row_cumsum_kernel, (f32, f32, vocab, vocab),
                              dict(BLOCK=contract.logprob.top_p_scan_block, num_warps=4, **opts))],
                 f"{cfg.name} top-p scan V={vocab} (logprob.triton_row_cumsum)")
