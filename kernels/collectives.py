@@ -38,6 +38,18 @@ def reference(partial: torch.Tensor, group=None) -> torch.Tensor:
     return canonical_sum(gathered)
 
 
+def gather(pieces: torch.Tensor, group=None) -> torch.Tensor:
+    """[world * P, ...]: every rank's fp32 pieces [P, ...] concatenated in rank order, on every rank (the
+    row-parallel GEMM's merge then runs over them: kernels/gemm.py `merge`)."""
+    if pieces.dtype != torch.float32:
+        raise OpInputError(OP, f"partials travel in fp32 (contract collectives.wire_dtype); got {pieces.dtype}")
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return pieces.clone()
+    gathered = [torch.empty_like(pieces) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, pieces.contiguous(), group=group)
+    return torch.cat(gathered)
+
+
 def native(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """torch.distributed.all_reduce in the tensor's own dtype (the backend decides the order)."""
     out = tensor.clone()

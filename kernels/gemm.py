@@ -2,8 +2,9 @@
 
 Contract (GemmSpec): K is cut into `chunk_count(contract, row_parallel)` equal contiguous chunks (`k_chunks` for
 the row-parallel layers, whose K tensor parallelism splits; `column_k_chunks` for every other GEMM); each
-chunk's partial sum is fp32; the partials merge in the canonical pairwise tree (kernels/tree.py) in fp32;
-the result is rounded once. With one chunk the sum is one fp32 chain over K in K order.
+chunk's partial sum is fp32; the partials merge in fp32 by `gemm.chunk_merge` (in chunk order from version
+5, ((c0 + c1) + c2) + c3; the canonical pairwise tree of kernels/tree.py before); the result is rounded once.
+With one chunk the sum is one fp32 chain over K in K order.
 
 CPU reference: each chunk partial comes from the backend's fp32 GEMM, but every call has exactly
 `row_tile` rows (padded with zero rows), so the backend's blocking, and therefore each row's order of
@@ -11,9 +12,11 @@ additions inside a chunk, is the same whether the row is alone or in a batch of 
 machine's MKL: a plain `x @ w.T` gives different bits for a row alone and the same row in any batch of 2
 or more; the fixed-tile calls give identical bits (tests/kernels/test_gemm.py).
 
-Row-parallel tensor parallelism: a rank holding K/tp of the columns computes the subtree of its
-k_chunks/tp chunks with `partial(...)`; `rlkit.kernels.collectives.reference` gathers the per-rank fp32
-partials and combines the top levels of the same tree, so TP 1, 2 and 4 give the same bits.
+Row-parallel tensor parallelism: a rank holding K/tp of the columns computes `shard_partials(...)`: the
+fp32 pieces of the merge it can finish alone (the subtree of its k_chunks/tp chunks under the pairwise
+tree; each of its chunk partials under the sequential merge, whose running sum crosses the ranks); the
+ranks gather them in rank order (`rlkit.kernels.collectives.gather`) and `merge_partials` finishes the
+same merge, so TP 1, 2 and 4 give the same bits.
 
 GPU: the Triton kernels at the end of this file run the same contract on tensor cores for CUDA tensors
 (`strict(...)` picks them; `rlkit.ops.linear` calls `strict`). They read `gemm.k_chunks`, `gemm.k_tile` and
@@ -30,7 +33,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from rlkit.contract import NumericsContract
 from rlkit.kernels.errors import OpInputError, check_dims, check_float, check_same
-from rlkit.kernels.tree import pairwise_sum
+from rlkit.kernels.tree import pairwise_sum, sequential_sum
 
 OP = "linear"
 
@@ -111,16 +114,33 @@ def _check_shards(contract: NumericsContract, shards: int, row_parallel: bool) -
     return chunks_total
 
 
-def partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1,
-            row_parallel: bool = False) -> torch.Tensor:
-    """fp32 partial sum of this shard's K range: the tree over its chunks/shards chunks, unrounded
-    (`row_parallel`: the layer's chunk count is gemm.k_chunks, else gemm.column_k_chunks).
+def merge(parts, contract: NumericsContract) -> torch.Tensor:
+    """The fp32 chunk partials (or shard pieces) of one product, in K order, merged as `gemm.chunk_merge`
+    says: added in order ("sequential") or by the canonical pairwise tree. `parts` is a sequence of
+    tensors or one tensor whose first dimension runs over them."""
+    items = list(parts.unbind(0)) if isinstance(parts, torch.Tensor) else list(parts)
+    if contract.gemm.chunk_merge == "sequential":
+        return sequential_sum(items)
+    return pairwise_sum(items)
 
-    With shards=1 (the whole K) this is the full fp32 result before its single rounding.
-    """
+
+def pieces_per_shard(contract: NumericsContract, shards: int, row_parallel: bool = True) -> int:
+    """How many fp32 pieces a TP shard contributes to the merge: its subtree (1) under the pairwise tree,
+    each of its chunks under the sequential merge (whose running sum crosses the shards)."""
+    chunks = _check_shards(contract, shards, row_parallel) // shards
+    return chunks if contract.gemm.chunk_merge == "sequential" and shards > 1 else 1
+
+
+def shard_partials(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1,
+                   row_parallel: bool = False) -> torch.Tensor:
+    """[pieces, ..., N] fp32: what this shard's K range contributes to the merge, unrounded
+    (`pieces_per_shard`; `row_parallel`: the layer's chunk count is gemm.k_chunks, else
+    gemm.column_k_chunks). `merge` over every shard's pieces in rank order gives `partial(x, w)` of the
+    whole K; with shards=1 the one piece is that full fp32 result before its single rounding."""
     check_inputs(x, w)
     chunks_total = _check_shards(contract, shards, row_parallel)
     bounds = _chunk_bounds(w.shape[1], chunks_total // shards, contract, row_parallel)
+    pieces = pieces_per_shard(contract, shards, row_parallel)
     lead = x.shape[:-1]
     x2d = x.reshape(-1, x.shape[-1]).float()
     tile = contract.gemm.row_tile
@@ -129,17 +149,25 @@ def partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards
     # (whose row stride is K/tp) hands the backend exactly what the unsharded layer does.
     w_chunks = _weight_chunks(w, bounds)
     x_chunks = [padded[:, lo:hi].contiguous() for lo, hi in bounds]
-    out = torch.empty(padded.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
+    out = torch.empty(pieces, padded.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
     for r in range(0, padded.shape[0], tile):
         parts = [xc[r : r + tile] @ wc.t() for xc, wc in zip(x_chunks, w_chunks)]
-        out[r : r + tile] = pairwise_sum(parts)
-    return out[:m].reshape(*lead, w.shape[0])
+        if pieces == 1:
+            out[0, r : r + tile] = merge(parts, contract)
+        else:
+            out[:, r : r + tile] = torch.stack(parts)
+    return out[:, :m].reshape(pieces, *lead, w.shape[0])
+
+
+def partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, row_parallel: bool = False) -> torch.Tensor:
+    """fp32 y = x @ w.T before its single rounding: every chunk, merged."""
+    return shard_partials(x, w, contract, 1, row_parallel)[0]
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
               out_dtype: torch.dtype | None = None, row_parallel: bool = False) -> torch.Tensor:
     """Strict y = x @ w.T, rounded once to `out_dtype` (default: x's dtype)."""
-    return partial(x, w, contract, 1, row_parallel).to(out_dtype or x.dtype)
+    return partial(x, w, contract, row_parallel).to(out_dtype or x.dtype)
 
 
 def native(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -208,9 +236,15 @@ def _chunk_rows(x_ptr, w_ptr, rows, cols, k_lo, k_hi, stride_x, stride_w,
 @jit
 def _chunk_tree(x_ptr, w_ptr, rows, cols, KC, stride_x, stride_w, C: tl.constexpr,
                 BR: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-                IEEE: tl.constexpr):
-    """All C chunk sums of one tile, combined in registers by the pairwise tree (C in 1, 2, 4, 8)."""
-    if C == 1:
+                IEEE: tl.constexpr, FOLD: tl.constexpr):
+    """All C chunk sums of one tile, combined in registers (C in 1, 2, 4, 8): FOLD, in chunk order
+    (((c0 + c1) + c2) + ...: two accumulators live), else by the pairwise tree."""
+    if FOLD:
+        tot = _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
+        for c in tl.static_range(1, C):
+            tot = tot + _chunk_rows(x_ptr, w_ptr, rows, cols, c * KC, (c + 1) * KC, stride_x, stride_w,
+                                    BR, BC, BK, EVEN_K, IEEE)
+    elif C == 1:
         tot = _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
     elif C == 2:
         c0 = _chunk_rows(x_ptr, w_ptr, rows, cols, 0, KC, stride_x, stride_w, BR, BC, BK, EVEN_K, IEEE)
@@ -240,13 +274,17 @@ def _chunk_tree(x_ptr, w_ptr, rows, cols, KC, stride_x, stride_w, C: tl.constexp
 
 
 @jit
-def _tree_load(ws_ptr, offs, mask, MN, C: tl.constexpr):
-    """The pairwise tree over C fp32 partials stored at ws[c * MN + offs] (L2 loads: other SMs wrote them)."""
+def _tree_load(ws_ptr, offs, mask, MN, C: tl.constexpr, FOLD: tl.constexpr):
+    """The C fp32 partials stored at ws[c * MN + offs] added in chunk order (FOLD) or by the pairwise
+    tree (L2 loads: other SMs wrote them)."""
     MN = tl.full([], 0, tl.int64) + MN  # int64: C * M * N can pass 2^31
     p0 = tl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
     p1 = tl.load(ws_ptr + MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
     tot = p0 + p1
-    if C >= 4:
+    if FOLD:
+        for c in tl.static_range(2, C):
+            tot = tot + tl.load(ws_ptr + c * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    elif C >= 4:
         p2 = tl.load(ws_ptr + 2 * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
         p3 = tl.load(ws_ptr + 3 * MN + offs, mask=mask, other=0.0, cache_modifier=".cg")
         tot = tot + (p2 + p3)
@@ -261,7 +299,7 @@ def _tree_load(ws_ptr, offs, mask, MN, C: tl.constexpr):
 
 @jit
 def _arrive_and_combine(part, chunk, ws_ptr, ws_offs, mask, MN, cnt_ptr, y_ptr, y_offs,
-                        C: tl.constexpr):
+                        C: tl.constexpr, FOLD: tl.constexpr):
     """Store this chunk's fp32 partial; the last of the C programs of the tile adds all C in the tree
     and writes the rounded result. The counter is reset by that program, ready for the next launch.
     Ordering: a CTA barrier, then one release/acquire atomic at GPU scope (the pattern of CUTLASS's
@@ -270,7 +308,7 @@ def _arrive_and_combine(part, chunk, ws_ptr, ws_offs, mask, MN, cnt_ptr, y_ptr, 
     tl.debug_barrier()
     arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
     if arrived == C - 1:
-        tot = _tree_load(ws_ptr, ws_offs, mask, MN, C)
+        tot = _tree_load(ws_ptr, ws_offs, mask, MN, C, FOLD)
         tl.store(y_ptr + y_offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
         tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
 
@@ -278,7 +316,7 @@ def _arrive_and_combine(part, chunk, ws_ptr, ws_offs, mask, MN, cnt_ptr, y_ptr, 
 @jit
 def _gemm_swapped_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_x, stride_w, stride_y,
                          C: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                         EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+                         EVEN_K: tl.constexpr, IEEE: tl.constexpr, FOLD: tl.constexpr):
     """Decode GEMM: program (n tile, chunk, token tile) computes w[n tile] . x[tokens]^T over one chunk."""
     pid_n = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -297,7 +335,7 @@ def _gemm_swapped_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_
     else:
         tile = pid_t * tl.num_programs(0) + pid_n
         _arrive_and_combine(part, chunk, ws_ptr, offs_t[None, :].to(tl.int64) * N + offs_n[:, None], mask,
-                            (tl.full([], 0, tl.int64) + M) * N, cnt_ptr + tile, y_ptr, y_offs, C)
+                            (tl.full([], 0, tl.int64) + M) * N, cnt_ptr + tile, y_ptr, y_offs, C, FOLD)
 
 
 @jit
@@ -319,7 +357,8 @@ def _grouped_tile(tile, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.co
 @jit
 def _gemm_tiles_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_x, stride_w, stride_y,
                        C: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+                       BK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+                       FOLD: tl.constexpr):
     """Prefill/training GEMM over [BM x BN] tiles (grouped order so a weight tile is reused from L2)."""
     pid = tl.program_id(0)
     offs_m, offs_n, rows, cols, mask = _grouped_tile(pid, M, N, BM, BN, GROUP_M)
@@ -330,9 +369,9 @@ def _gemm_tiles_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_x,
         part = _chunk_rows(x_ptr + k_lo, w_ptr + k_lo, rows, cols, 0, KC, stride_x, stride_w,
                            BM, BN, BK, EVEN_K, IEEE)
         _arrive_and_combine(part, chunk, ws_ptr, offs_m[:, None].to(tl.int64) * N + offs_n[None, :], mask,
-                            (tl.full([], 0, tl.int64) + M) * N, cnt_ptr + pid, y_ptr, y_offs, C)
+                            (tl.full([], 0, tl.int64) + M) * N, cnt_ptr + pid, y_ptr, y_offs, C, FOLD)
     else:
-        tot = _chunk_tree(x_ptr, w_ptr, rows, cols, KC, stride_x, stride_w, C, BM, BN, BK, EVEN_K, IEEE)
+        tot = _chunk_tree(x_ptr, w_ptr, rows, cols, KC, stride_x, stride_w, C, BM, BN, BK, EVEN_K, IEEE, FOLD)
         tl.store(y_ptr + y_offs, tot.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -374,14 +413,48 @@ def _tma_chain(x_desc, w_desc, off_m, off_n, k_lo, KC, BM: tl.constexpr, BN: tl.
 
 
 @jit
+def _tma_fold_one_loop(x_desc, w_desc, off_m, off_n, KC, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr):
+    """The C chunk sums of one tile added in chunk order (contract gemm.chunk_merge = "sequential") by one
+    pipelined loop over all of K: the loads of the next chunk are in flight while a chunk ends (the
+    accumulator is reset before the chunk's first step and added to the running sum after its last), at
+    the price of waiting for each step's MMA (the chunk end reads the accumulator in the loop)."""
+    steps = KC // BK
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    tot = tl.zeros((BM, BN), dtype=tl.float32)
+    for it in range(0, C * steps):
+        step = it % steps
+        a = x_desc.load([off_m, it * BK])
+        b = w_desc.load([off_n, it * BK])
+        acc = tl.where(step == 0, 0.0, acc)
+        acc = tl.dot(a, b.T, acc)
+        if step == steps - 1:
+            if it < steps:
+                tot = acc
+            else:
+                tot = tot + acc
+    return tot
+
+
+@jit
 def _tma_tree(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C: tl.constexpr, STASH: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FOLD: tl.constexpr,
+              ONE_LOOP: tl.constexpr):
     """The C chunk sums of one tile (C in 1, 2, 4) added in the pairwise tree ((c0 + c1) + (c2 + c3)).
     Where the tree's pending operands wait (the order of additions is the same in every form):
     STASH = 0: in registers (C = 4: three accumulators live while c3 is summed); STASH = 1: (c0 + c1) in
     this program's fp32 slot s0 (two live); STASH = 2: every pending operand in slots s0/s1 (one
-    accumulator live while a chunk is summed)."""
-    if C == 1:
+    accumulator live while a chunk is summed). FOLD (contract gemm.chunk_merge = "sequential"): the chunk
+    sums are added in chunk order, (((c0 + c1) + c2) + c3), so two accumulators are live at most and
+    nothing waits in a slot (STASH is not read); ONE_LOOP: by `_tma_fold_one_loop`, else one pipelined
+    loop a chunk (the MMAs overlap, the pipeline drains at each chunk's end)."""
+    if FOLD and ONE_LOOP and C > 1:
+        tot = _tma_fold_one_loop(x_desc, w_desc, off_m, off_n, KC, C, BM, BN, BK)
+    elif FOLD:
+        tot = _tma_chain(x_desc, w_desc, off_m, off_n, 0, KC, BM, BN, BK)
+        for c in tl.static_range(1, C):
+            tot = tot + _tma_chain(x_desc, w_desc, off_m, off_n, c * KC, KC, BM, BN, BK)
+    elif C == 1:
         tot = _tma_chain(x_desc, w_desc, off_m, off_n, 0, KC, BM, BN, BK)
     elif C == 2:
         if STASH == 2:
@@ -416,7 +489,8 @@ def _tma_tree(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C: tl.constexpr, ST
 @jit(do_not_specialize=["M", "programs"])
 def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_y, programs,
                      C: tl.constexpr, SPLIT: tl.constexpr, STASH: tl.constexpr, BM: tl.constexpr,
-                     BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+                     BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, FOLD: tl.constexpr,
+                     ONE_LOOP: tl.constexpr):
     """Hopper GEMM by TMA tiles. SPLIT=False: a persistent grid of `programs`, each walking the output
     tiles pid, pid + programs, ... in grouped order and adding a tile's C chunk sums in registers.
     SPLIT=True (few tiles, C > 1): program (tile, chunk) sums one chunk; the last of a tile's C programs
@@ -432,7 +506,7 @@ def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_y,
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         _arrive_and_combine(part, chunk, ws_ptr, offs_m[:, None].to(tl.int64) * N + offs_n[None, :], mask,
                             (tl.full([], 0, tl.int64) + M) * N, cnt_ptr + tile, y_ptr,
-                            offs_m[:, None].to(tl.int64) * stride_y + offs_n[None, :], C)
+                            offs_m[:, None].to(tl.int64) * stride_y + offs_n[None, :], C, FOLD)
     else:
         tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
         loc = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
@@ -440,7 +514,7 @@ def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_y,
         s1 = s0 + BM * BN
         for tile in tl.range(tl.program_id(0), tiles, programs, flatten=False):
             off_m, off_n = _grouped_origin(tile, M, N, BM, BN, GROUP_M)
-            tot = _tma_tree(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C, STASH, BM, BN, BK)
+            tot = _tma_tree(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C, STASH, BM, BN, BK, FOLD, ONE_LOOP)
             offs_m = off_m + tl.arange(0, BM)
             offs_n = off_n + tl.arange(0, BN)
             mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -450,14 +524,22 @@ def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_y,
 
 @jit
 def _flat_chunk_end(acc, pend, s01, chunk, slot, y_desc, off_m, off_n, C: tl.constexpr, STASH: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, FOLD: tl.constexpr):
     """The tree step at the end of chunk `chunk` of a tile (the flat kernel): the same grouping as
     `_tma_tree`, ((c0 + c1) + (c2 + c3)) for C = 4, with the pending operands where STASH puts them
     (0: `pend` and `s01` in registers; 1: `pend` in registers, (c0 + c1) in this program's fp32 slot 0;
     2: every pending operand in slots 0 and 1). The last chunk stores the rounded tile by TMA (rows and
-    columns past the tensor's edge are not written). Returns the new (pend, s01)."""
+    columns past the tensor's edge are not written). FOLD: `pend` is the running sum of the chunks so
+    far, in chunk order (STASH is not read). Returns the new (pend, s01)."""
     loc = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
-    if C == 1:
+    if FOLD and C > 1:
+        if chunk == 0:
+            pend = acc
+        elif chunk == C - 1:
+            y_desc.store([off_m, off_n], (pend + acc).to(y_desc.dtype))
+        else:
+            pend = pend + acc
+    elif C == 1:
         y_desc.store([off_m, off_n], acc.to(y_desc.dtype))
     elif C == 2:
         if chunk == 1:
@@ -502,7 +584,8 @@ def _flat_chunk_end(acc, pend, s01, chunk, slot, y_desc, off_m, off_n, C: tl.con
 @jit(do_not_specialize=["M", "programs"])
 def _gemm_tma_flat_kernel(x_desc, w_desc, y_desc, ws_ptr, M, N, KC, programs,
                           C: tl.constexpr, STASH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                          BK: tl.constexpr, GROUP_M: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                          BK: tl.constexpr, GROUP_M: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+                          FOLD: tl.constexpr):
     """The TMA kernel's persistent form as one flat loop over (tile, chunk, K step): the loads of the next
     chunk and the next tile are in flight while a chunk ends, where the nested form (`_gemm_tma_kernel`)
     drains its pipeline at every chunk boundary (four times a tile for the row-parallel tree). Each chunk
@@ -524,10 +607,14 @@ def _gemm_tma_flat_kernel(x_desc, w_desc, y_desc, ws_ptr, M, N, KC, programs,
         k0 = chunk * KC + step * BK
         a = x_desc.load([off_m, k0])
         b = w_desc.load([off_n, k0])
+        if FOLD:  # reset before the chunk's first step (measured: fewer registers than after its last)
+            acc = tl.where(step == 0, 0.0, acc)
         acc = tl.dot(a, b.T, acc)
         if step == steps - 1:
-            pend, s01 = _flat_chunk_end(acc, pend, s01, chunk, slot, y_desc, off_m, off_n, C, STASH, BM, BN)
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            pend, s01 = _flat_chunk_end(acc, pend, s01, chunk, slot, y_desc, off_m, off_n, C, STASH, BM, BN,
+                                        FOLD)
+            if not FOLD:
+                acc = tl.zeros((BM, BN), dtype=tl.float32)
 
 
 # -- launch plans: which kernel and tile for a shape. None of these choices changes a bit (see above).
@@ -547,14 +634,22 @@ TMA_TILES = (  # (BM, BN, num_warps, num_stages, relative speed of one tile's wo
 tests/gpu/test_kernels_gpu.py). The last number weighs a tile shape's own efficiency (measured on the
 H200, lab/KERNELS_NOTES.md) against its wave quantization (`_wave_efficiency`)."""
 
-ROW_PARALLEL_TILES = (  # (config, when: the number of its tiles >= this many SMs' worth)
-    (dict(BM=128, BN=128, stash=1, num_warps=8, num_stages=4), 0.9),
-    (dict(BM=128, BN=64, stash=0, num_warps=4, num_stages=5), 0.9),
-)
-"""The 4-chunk tree in one program, measured on the H200 (lab/KERNELS_NOTES.md): 128 x 128 with
-(c0 + c1) waiting in an fp32 slot (two accumulators live; three in registers measured 0.1-0.2x
-cuBLAS), or, with fewer tiles, 128 x 64 with all three in registers (32 a thread each). With fewer
-tiles still, the chunks go to their own programs (SPLIT)."""
+ROW_PARALLEL_TILES = {  # merge -> ((config, when: the number of its tiles >= this many SMs' worth), ...)
+    "pairwise_tree": (
+        (dict(BM=128, BN=128, stash=1, num_warps=8, num_stages=4), 0.9),
+        (dict(BM=128, BN=64, stash=0, num_warps=4, num_stages=5), 0.9),
+    ),
+    "sequential": (
+        (dict(BM=128, BN=128, num_warps=8, num_stages=4), 0.9),
+        (dict(BM=128, BN=64, num_warps=4, num_stages=4, programs_per_sm=2), 0.9),
+    ),
+}
+"""The 4-chunk merge in one program. Pairwise tree, measured on the H200 (lab/KERNELS_NOTES.md): 128 x 128
+with (c0 + c1) waiting in an fp32 slot (two accumulators live; three in registers measured 0.1-0.2x
+cuBLAS), or, with fewer tiles, 128 x 64 with all three in registers (32 a thread each). Sequential merge
+(contract v5): two accumulators in registers, no slot (sm_90: 191 registers, no spills at 128 x 128 /
+8 warps; 186 at 128 x 64 / 4 warps, two programs an SM). With fewer tiles still, the chunks go to their
+own programs (SPLIT)."""
 
 
 def _wave_efficiency(tiles: int, sms: int) -> float:
@@ -572,7 +667,7 @@ def tma_capable(device: torch.device) -> bool:
 
 
 def plan(m: int, n: int, device: torch.device, override: dict | None = None, chunks: int = 4,
-         k_chunk: int = 0, bk: int = 64, dtype: torch.dtype = torch.bfloat16) -> dict:
+         k_chunk: int = 0, bk: int = 64, dtype: torch.dtype = torch.bfloat16, merge: str = "sequential") -> dict:
     """Launch configuration for an [m, K] x [n, K]^T product over `chunks` K chunks of `k_chunk`
     elements, fixed per shape (measured on the H200, lab/KERNELS_NOTES.md; none of these choices changes
     a bit, tests/gpu prove it):
@@ -582,7 +677,7 @@ def plan(m: int, n: int, device: torch.device, override: dict | None = None, chu
     - 16 < M <= 64: swapped, 64 weight rows x 64 tokens (one token tile, so the weights stream once);
     - M > 64 on Hopper (bf16/fp16, chunks in TMA_CHUNKS, a chunk a whole number of K steps): the TMA
       kernel, persistent. One chain (C = 1): the TMA_TILES shape with the best tile efficiency x wave
-      efficiency. The 4-chunk tree: the first ROW_PARALLEL_TILES entry with enough tiles, else each chunk
+      efficiency. The 4-chunk merge: the first ROW_PARALLEL_TILES[merge] entry with enough tiles, else each chunk
       in its own program (SPLIT) on the largest TMA_TILES shape giving about two waves of programs;
     - otherwise: 128 x 256 pointer-load tiles, each K chunk in its own program (SPLIT)."""
     if override:
@@ -606,7 +701,7 @@ def plan(m: int, n: int, device: torch.device, override: dict | None = None, chu
             bm, bn, warps, stages, _ = max(
                 TMA_TILES, key=lambda t: t[4] * _wave_efficiency(_tr.cdiv(m, t[0]) * _tr.cdiv(n, t[1]), sms))
             return dict(kind="tma", BM=bm, BN=bn, GROUP_M=8, split=False, num_warps=warps, num_stages=stages)
-        for cfg, fill in ROW_PARALLEL_TILES:
+        for cfg, fill in ROW_PARALLEL_TILES[merge]:
             if _tr.cdiv(m, cfg["BM"]) * _tr.cdiv(n, cfg["BN"]) >= fill * sms:
                 return dict(kind="tma", GROUP_M=8, split=False, **cfg)
         for bm, bn, warps, stages, _ in TMA_TILES[1:]:  # split: the largest tile giving ~2 waves of programs
@@ -682,11 +777,17 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
                   row_parallel: bool = False) -> tuple[torch.Tensor, list[_tr.Launch]]:
     """`triton_partial` and what it launched: one `Launch` (kernel, plan, compiled stats) a kernel call."""
     check_inputs(x, w)
-    launches: list[_tr.Launch] = []
     c = _check_shards(contract, shards, row_parallel) // shards
+    if w.shape[1] % c:
+        _chunk_bounds(w.shape[1], c, contract, row_parallel)  # raises the reference's error
+    return _launch(x, w, c, contract, out_dtype, config)
+
+
+def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract, out_dtype: torch.dtype,
+            config: dict | None) -> tuple[torch.Tensor, list[_tr.Launch]]:
+    """x @ w.T over `c` K chunks (K divisible by c), merged as the contract says, rounded to out_dtype."""
+    launches: list[_tr.Launch] = []
     k = w.shape[1]
-    if k % c:
-        _chunk_bounds(k, c, contract, row_parallel)  # raises the reference's error
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -698,18 +799,20 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
         return y.reshape(*lead, n), launches
     kc = k // c
     bk = contract.gemm.k_tile
-    cfg = plan(m, n, x.device, config, chunks=c, k_chunk=kc, bk=bk, dtype=x.dtype)
+    merge_rule = contract.gemm.chunk_merge
+    cfg = plan(m, n, x.device, config, chunks=c, k_chunk=kc, bk=bk, dtype=x.dtype, merge=merge_rule)
     ieee = x.dtype == torch.float32
+    fold = contract.gemm.chunk_merge == "sequential"
     even_k = kc % bk == 0
     opts = _tr.launch_options(contract)
     if cfg["kind"] == "tma" and not (_tma_ok(x2) and _tma_ok(w)):
-        cfg = plan(m, n, x.device, None, chunks=c, k_chunk=0, bk=bk, dtype=x.dtype)  # pointer loads
+        cfg = plan(m, n, x.device, None, chunks=c, k_chunk=0, bk=bk, dtype=x.dtype, merge=merge_rule)  # pointer loads
     if cfg["kind"] == "swapped":
         grid = (_tr.cdiv(n, cfg["BN"]), c, _tr.cdiv(m, cfg["BT"]))
         ws = torch.empty(c * m * n if c > 1 else 1, dtype=torch.float32, device=x.device)
         cnt = _counters(x.device, grid[0] * grid[2])
         compiled = _gemm_swapped_kernel[grid](x2, w, y, ws, cnt, m, n, kc, x2.stride(0), w.stride(0), y.stride(0),
-                                              C=c, BN=cfg["BN"], BT=cfg["BT"], BK=bk, EVEN_K=even_k, IEEE=ieee,
+                                              C=c, BN=cfg["BN"], BT=cfg["BT"], BK=bk, EVEN_K=even_k, IEEE=ieee, FOLD=fold,
                                               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
         launches.append(_tr.Launch("swapped", dict(cfg, grid=grid, C=c, BK=bk), compiled))
     elif cfg["kind"] == "tma":
@@ -741,13 +844,14 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
             if cfg.get("flat") and not split and _tma_ok(ys):  # else the nested form: the same bits
                 compiled = _gemm_tma_flat_kernel[grid](
                     x_desc, w_desc, _descriptor(ys, [bm, bn]), ws, ms, n, kc, grid[0], C=c, STASH=stash, BM=bm, BN=bn,
-                    BK=bk, GROUP_M=cfg["GROUP_M"], WARP_SPECIALIZE=bool(cfg.get("warp_specialize")),
+                    BK=bk, GROUP_M=cfg["GROUP_M"], WARP_SPECIALIZE=bool(cfg.get("warp_specialize")), FOLD=fold,
                     num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
                 launches.append(_tr.Launch("tma_flat", dict(cfg, grid=grid, C=c, BK=bk, split=False), compiled))
                 continue
             compiled = _gemm_tma_kernel[grid](
                 x_desc, w_desc, ys, ws, cnt, ms, n, kc, ys.stride(0), grid[0], C=c, SPLIT=split,
-                STASH=0 if split else stash, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"],
+                STASH=0 if split else stash, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"], FOLD=fold,
+                ONE_LOOP=bool(cfg.get("one_loop")) and fold,
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
             launches.append(_tr.Launch("tma", dict(cfg, grid=grid, C=c, BK=bk, split=split), compiled))
     else:
@@ -764,7 +868,7 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
             cnt = _counters(x.device, tiles)
             compiled = _gemm_tiles_kernel[grid](
                 xs, w, ys, ws, cnt, ms, n, kc, xs.stride(0), w.stride(0), ys.stride(0), C=c, SPLIT=split,
-                BM=cfg["BM"], BN=cfg["BN"], BK=bk, GROUP_M=cfg["GROUP_M"], EVEN_K=even_k, IEEE=ieee,
+                BM=cfg["BM"], BN=cfg["BN"], BK=bk, GROUP_M=cfg["GROUP_M"], EVEN_K=even_k, IEEE=ieee, FOLD=fold,
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
             launches.append(_tr.Launch("tiles", dict(cfg, grid=grid, C=c, BK=bk, split=split), compiled))
     return y.reshape(*lead, n), launches
@@ -805,9 +909,25 @@ def strict(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
     return _forward(x, w, contract, out_dtype, row_parallel)
 
 
-def strict_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1) -> torch.Tensor:
-    """fp32 subtree partial of a row-parallel shard (forward only on the GPU path)."""
+def triton_shard_partials(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
+                          shards: int = 1) -> torch.Tensor:
+    """`shard_partials` of a row-parallel shard on the GPU: its subtree in one launch (pairwise tree, or
+    shards = 1), or under the sequential merge each of its chunks as one chain (a launch a chunk over
+    that K slice: the same chain the merged kernel runs for it)."""
+    pieces = pieces_per_shard(contract, shards)
+    if pieces == 1:
+        return triton_partial(x, w, contract, shards, torch.float32, row_parallel=True).unsqueeze(0)
+    check_inputs(x, w)
+    bounds = _chunk_bounds(w.shape[1], pieces, contract, True)
+    return torch.stack([_launch(x[..., lo:hi], w[:, lo:hi], 1, contract, torch.float32, None)[0]
+                        for lo, hi in bounds])
+
+
+def strict_shard_partials(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
+                          shards: int = 1) -> torch.Tensor:
+    """[pieces, ..., N] fp32: what a row-parallel shard contributes to the merge (`shard_partials`;
+    forward only on the GPU path)."""
     if _tr.on_gpu(x, w) and supported(x, w, contract, shards, True) and not (
             torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
-        return triton_partial(x, w, contract, shards, torch.float32, row_parallel=True)
-    return partial(x, w, contract, shards, row_parallel=True)
+        return triton_shard_partials(x, w, contract, shards)
+    return shard_partials(x, w, contract, shards, row_parallel=True)

@@ -1,4 +1,5 @@
-"""The canonical pairwise tree: the one reduction order the strict path uses everywhere.
+"""The canonical pairwise tree: the reduction order the strict path uses for every sum it splits,
+and the sequential sum, the one other order a contract may name (`gemm.chunk_merge`).
 
 Level by level, adjacent pairs are added, (x0 + x1), (x2 + x3), ...; an odd element at the end of a level
 is carried up unchanged. Every add is a single IEEE fp32 add, so the result is a fixed function of the
@@ -37,6 +38,17 @@ def pairwise_reduce(items: Sequence[T], combine: Callable[[T, T], T]) -> T:
 def pairwise_sum(items: Sequence[torch.Tensor]) -> torch.Tensor:
     """Sum of tensors (e.g. GEMM chunk partials, per-rank partials) in the canonical tree."""
     return pairwise_reduce(items, torch.add)
+
+
+def sequential_sum(items: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Sum of tensors added in order, ((x0 + x1) + x2) + ...: the other merge rule a contract may name
+    (GEMM chunk partials from contract version 5), which a kernel evaluates with one running sum."""
+    if not items:
+        raise ValueError("sequential_sum needs at least one item")
+    total = items[0]
+    for item in items[1:]:
+        total = total + item
+    return total
 
 
 def pairwise_sum_dim(x: torch.Tensor, dim: int = -1) -> torch.Tensor:

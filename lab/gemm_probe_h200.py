@@ -48,7 +48,7 @@ from rlkit.contract import GemmSpec, NumericsContract  # noqa: E402
 from rlkit.kernels import gemm  # noqa: E402
 
 V1 = NumericsContract.default()
-K1 = V1.replace(gemm=GemmSpec(k_chunks=1))
+K1 = V1.replace(gemm=GemmSpec(k_chunks=1, chunk_merge="pairwise_tree"))
 BK = V1.gemm.k_tile  # 64: the fixed K step of every variant below except the BK probes
 DTYPE = torch.float16 if DRY else torch.bfloat16  # the interpreter (triton 3.7) computes bf16 dots wrongly
 

@@ -30,6 +30,8 @@ def main() -> int:
     ap.add_argument("--pytest-args", default="")
     ap.add_argument("--test-timeout", type=int, default=300)
     ap.add_argument("--parts", default="gemm,attention,logprob,rowwise,engine")
+    ap.add_argument("--gemm-layers", default="", help="only these projections, e.g. o,down")
+    ap.add_argument("--gemm-m", default="", help="only these token counts, e.g. 256,1024,4096")
     a = ap.parse_args()
     out = Path(os.environ.get("OUT", "gpu-out"))
     out.mkdir(parents=True, exist_ok=True)
@@ -68,7 +70,9 @@ def main() -> int:
     if not a.tests_only:
         from rlkit.bench.kernels import run
 
-        rows = run(out, quick=a.quick, tune=a.tune, parts=tuple(a.parts.split(",")))
+        rows = run(out, quick=a.quick, tune=a.tune, parts=tuple(a.parts.split(",")),
+                   gemm_layers=tuple(filter(None, a.gemm_layers.split(","))) or None,
+                   gemm_ms=tuple(int(v) for v in a.gemm_m.split(",") if v) or None)
         from rlkit.bench.kernels import render
 
         print(render([r for r in rows if r["op"] != "gemm" or r["metric"] != "plan"]), flush=True)

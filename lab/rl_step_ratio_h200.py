@@ -126,6 +126,11 @@ def profile_report(prof, title: str) -> str:
     lines += [f"{f} {ms:.1f} {ms / total:.3f}" for f, ms in sorted(families.items(), key=lambda x: -x[1])]
     lines += ["", "kernel ms calls share"]
     lines += [f"{key[:110]} {ms:.2f} {n} {ms / total:.3f}" for key, ms, n in rows[:60]]
+    if gpu:  # where the host's time goes (launches, syncs, Python-side ops): a host-bound loop shows here
+        host = sorted(((e.key, e.self_cpu_time_total / 1e3, e.count) for e in prof.key_averages()),
+                      key=lambda r: -r[1])
+        lines += ["", "host op self-CPU-ms calls"]
+        lines += [f"{key[:110]} {ms:.1f} {n}" for key, ms, n in host[:30]]
     return "\n".join(lines) + "\n"
 
 

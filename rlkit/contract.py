@@ -112,8 +112,7 @@ class GemmSpec(_Section):
     """GEMM (every linear layer and the lm_head): y[m, n] = sum_k x[m, k] * w[n, k].
 
     Fixed by the structure (not fields): products and sums in fp32 (bf16 inputs widen exactly; bf16 x
-    bf16 products are exact in fp32); chunk partials merge in the canonical pairwise tree
-    ((c0+c1)+(c2+c3), kernels/tree.py); the combined fp32 sum rounds once to the output dtype."""
+    bf16 products are exact in fp32); the combined fp32 sum rounds once to the output dtype."""
 
     k_chunks: int = 4
     """K is cut into this many equal contiguous chunks. Each chunk is summed on its own in fp32 and the
@@ -129,8 +128,16 @@ class GemmSpec(_Section):
     so the backend's blocking, and each row's reduction order, never depends on the batch size."""
     k_tile: int = 64
     """GPU kernels: K elements per pipelined step inside a chunk; steps accumulate sequentially in order."""
+    chunk_merge: str = "sequential"
+    """Version 5: how the fp32 chunk partials of one output element meet. "sequential": added in chunk
+    order, ((c0 + c1) + c2) + c3, so a kernel computing every chunk of a tile holds two accumulators at
+    most (the running chunk and the sum so far); a TP rank then contributes its chunks' partials
+    unmerged and the gathered C partials are added in that order. "pairwise_tree" (versions 1-4): the
+    canonical pairwise tree ((c0 + c1) + (c2 + c3)), three accumulators while c3 is summed; a TP rank
+    contributes its subtree."""
 
     def validate(self) -> None:
+        _one_of("gemm.chunk_merge", self.chunk_merge, ("sequential", "pairwise_tree"))
         for name in ("k_chunks", "column_k_chunks"):
             value = getattr(self, name)
             if name == "column_k_chunks" and value is None:
@@ -248,8 +255,9 @@ V1_NAME = "qwen3-dense-strict-v1"
 V2_NAME = "qwen3-dense-strict-v2"
 V3_NAME = "qwen3-dense-strict-v3"
 V4_NAME = "qwen3-dense-strict-v4"
-VERSIONS = (1, 2, 3, 4)
-NAMES = {V4_NAME: 4, V3_NAME: 3, V2_NAME: 2, V1_NAME: 1}
+V5_NAME = "qwen3-dense-strict-v5"
+VERSIONS = (1, 2, 3, 4, 5)
+NAMES = {V5_NAME: 5, V4_NAME: 4, V3_NAME: 3, V2_NAME: 2, V1_NAME: 1}
 """Every released contract, newest (the default) first, with its version."""
 
 V1_FIXED: dict[str, dict[str, str]] = {
@@ -270,6 +278,7 @@ ADDED_IN: dict[int, dict[str, dict[str, Any]]] = {
     2: {"logprob": {"top_p_scan_block": 1024}, "gpu": {"fp_fusion": False}},
     3: {"gemm": {"column_k_chunks": None}},
     4: {"attention": {"split_merge": "pairwise_tree", "row_sum": "tile_reduce"}},
+    5: {"gemm": {"chunk_merge": "pairwise_tree"}},
 }
 """Fields each version added, with the one value a contract of an earlier version has (what its kernels
 did): an earlier version does not write them and accepts no other value."""
@@ -297,8 +306,8 @@ def absent_fields(version: int) -> dict[str, dict[str, Any]]:
 class NumericsContract:
     """A named, versioned, frozen numerics contract. Build with `default()` and derive with `with_ops`."""
 
-    name: str = V4_NAME
-    version: int = 4
+    name: str = V5_NAME
+    version: int = 5
     """The structure of the fields: 1 (the v1 field set, V1_FIXED included), 2, 3 or 4 (this class's
     fields); ADDED_IN says which fields each version added."""
     paths: OpPaths = field(default_factory=OpPaths)
@@ -314,7 +323,7 @@ class NumericsContract:
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def default(cls) -> "NumericsContract":
-        """`qwen3-dense-strict-v4` with every op on the strict path."""
+        """`qwen3-dense-strict-v5` with every op on the strict path."""
         return cls()
 
     @classmethod

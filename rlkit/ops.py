@@ -91,7 +91,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, row_parallel: bool = False,
     TP 1 included; every other layer sums K as gemm.column_k_chunks says. With `tp_size > 1` (row-parallel
     only) x and weight hold this rank's K slice and the result is all-reduced over `tp_group` (strict:
     per-rank subtree partials in fp32, combined by the canonical all-reduce, rounded once; native: a local
-    GEMM plus the backend's all-reduce in the model dtype)."""
+    GEMM plus the backend's all-reduce in the model dtype). Strict, in detail: each rank computes the fp32
+    pieces of the merge it can finish alone (kernels/gemm.py `shard_partials`), the ranks gather them in
+    rank order (strict all_reduce path) and the GEMM's own merge finishes the sum (`gemm.chunk_merge`);
+    with the all_reduce op native, each rank merges its pieces and the backend sums the ranks."""
     contract = _ACTIVE.get()
     if tp_size > 1 and not row_parallel:
         raise OpInputError("linear", f"tp_size={tp_size} splits K, which only a row-parallel layer does; "
@@ -100,11 +103,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, row_parallel: bool = False,
         if _strict("linear"):
             return _gemm.strict(x, weight, contract, out_dtype, row_parallel)
         return _gemm.native(x, weight, out_dtype)
-    if _strict("linear"):
-        part = _gemm.strict_partial(x, weight, contract, shards=tp_size)
+    if not _strict("linear"):
+        return all_reduce(_gemm.native(x, weight), group=tp_group).to(out_dtype or x.dtype)
+    pieces = _gemm.strict_shard_partials(x, weight, contract, shards=tp_size)
+    if _strict("all_reduce"):
+        reduced = _gemm.merge(_collectives.gather(pieces, tp_group), contract)
     else:
-        part = _gemm.native(x, weight)
-    reduced = all_reduce(part, group=tp_group)
+        reduced = _collectives.native(_gemm.merge(pieces, contract), tp_group)
     return reduced.to(out_dtype or x.dtype)
 
 

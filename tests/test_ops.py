@@ -130,8 +130,8 @@ def test_v3_changes_only_the_column_parallel_gemms():
     op; a column-parallel linear and the lm_head sum K in one chain (gemm.column_k_chunks = 1)."""
     g = torch.Generator().manual_seed(3)
     x, w = torch.randn(9, 256, generator=g).bfloat16(), torch.randn(300, 256, generator=g).bfloat16()
-    v2, v3 = NumericsContract.named("qwen3-dense-strict-v2"), NumericsContract.default()
-    one_chain = v2.replace(gemm=GemmSpec(k_chunks=1, column_k_chunks=None))
+    v2, v3 = NumericsContract.named("qwen3-dense-strict-v2"), NumericsContract.named("qwen3-dense-strict-v3")
+    one_chain = v2.replace(gemm=GemmSpec(k_chunks=1, column_k_chunks=None, chunk_merge="pairwise_tree"))
     outs = {}
     for name, contract in (("v2", v2), ("v3", v3), ("one_chain", one_chain)):
         with ops.use_contract(contract):

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from rlkit.contract import V1_NAME, V2_NAME, V3_NAME, V4_NAME, NumericsContract
+from rlkit.contract import V1_NAME, V2_NAME, V3_NAME, V4_NAME, V5_NAME, NumericsContract
 from rlkit.kernels import _triton as _tr
 from rlkit.kernels import attention, gemm, logprob, rms_norm, rope, swiglu
 from rlkit.model.config import MODEL_PRESETS, Qwen3Config
@@ -35,7 +35,7 @@ KERNEL_MODULES = {"gemm": gemm, "attention": attention, "logprob": logprob, "rms
                   "rope": rope, "swiglu": swiglu}
 """op -> the kernels/ module holding its Triton kernels (collectives and tree have none: torch only)."""
 
-CONTRACTS = (V4_NAME, V3_NAME, V2_NAME, V1_NAME)
+CONTRACTS = (V5_NAME, V4_NAME, V3_NAME, V2_NAME, V1_NAME)
 """Released contracts whose strict kernels are compiled (identical requests are compiled once)."""
 
 GEMM_TOKENS = tuple(2 ** i for i in range(14))
@@ -119,7 +119,7 @@ def _gemm_common(s: GemmShape, contract: NumericsContract) -> dict:
     """The constexprs every GEMM launcher derives from the contract and the shape (gemm.triton_launch)."""
     kc = s.k // s.chunks
     return dict(C=s.chunks, BK=contract.gemm.k_tile, EVEN_K=kc % contract.gemm.k_tile == 0,
-                IEEE=s.x_dtype == torch.float32)
+                IEEE=s.x_dtype == torch.float32, FOLD=contract.gemm.chunk_merge == "sequential")
 
 
 def _gemm_swapped(cfg: dict, s: GemmShape, contract: NumericsContract):
@@ -127,7 +127,7 @@ def _gemm_swapped(cfg: dict, s: GemmShape, contract: NumericsContract):
     args = (_t(s.x_dtype), _t(s.x_dtype), _t(s.out_dtype), _t(torch.float32), _t(torch.int32),
             s.m, s.n, s.k // s.chunks, s.k, s.k, s.n)
     kw = dict(C=c["C"], BN=cfg["BN"], BT=cfg["BT"], BK=c["BK"], EVEN_K=c["EVEN_K"], IEEE=c["IEEE"],
-              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_tr.launch_options(contract))
+              FOLD=c["FOLD"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_tr.launch_options(contract))
     return [("swapped", gemm._gemm_swapped_kernel, args, kw)]
 
 
@@ -136,7 +136,7 @@ def _gemm_tiles(cfg: dict, s: GemmShape, contract: NumericsContract):
     args = (_t(s.x_dtype), _t(s.x_dtype), _t(s.out_dtype), _t(torch.float32), _t(torch.int32),
             s.m, s.n, s.k // s.chunks, s.k, s.k, s.n)
     kw = dict(C=c["C"], SPLIT=bool(cfg["split"]) and s.chunks > 1, BM=cfg["BM"], BN=cfg["BN"], BK=c["BK"],
-              GROUP_M=cfg["GROUP_M"], EVEN_K=c["EVEN_K"], IEEE=c["IEEE"], num_warps=cfg["num_warps"],
+              GROUP_M=cfg["GROUP_M"], EVEN_K=c["EVEN_K"], IEEE=c["IEEE"], FOLD=c["FOLD"], num_warps=cfg["num_warps"],
               num_stages=cfg["num_stages"], **_tr.launch_options(contract))
     return [("tiles", gemm._gemm_tiles_kernel, args, kw)]
 
@@ -159,10 +159,11 @@ def _gemm_tma(cfg: dict, s: GemmShape, contract: NumericsContract):
     if cfg.get("flat") and not split:
         args = (args[0], args[1], _desc(s.out_dtype, s.m, s.n, [bm, bn]), args[3], s.m, s.n, s.k // s.chunks, 132)
         kw = dict(C=c["C"], STASH=stash, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"],
-                  WARP_SPECIALIZE=bool(cfg.get("warp_specialize")), num_warps=cfg["num_warps"],
+                  WARP_SPECIALIZE=bool(cfg.get("warp_specialize")), FOLD=c["FOLD"], num_warps=cfg["num_warps"],
                   num_stages=cfg["num_stages"], **_tr.launch_options(contract))
         return [("tma_flat", gemm._gemm_tma_flat_kernel, args, kw)]
-    kw = dict(C=c["C"], SPLIT=split, STASH=stash, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"],
+    kw = dict(C=c["C"], SPLIT=split, STASH=stash, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"], FOLD=c["FOLD"],
+              ONE_LOOP=bool(cfg.get("one_loop")) and c["FOLD"],
               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_tr.launch_options(contract))
     return [("tma", gemm._gemm_tma_kernel, args, kw)]
 
@@ -194,6 +195,9 @@ def gemm_layers(cfg: Qwen3Config, contract: NumericsContract) -> list[tuple[str,
     layers = [("q_proj", heads * d, h, 1, column), ("k_proj", kv * d, h, 1, column), ("gate_proj", i, h, 1, column)]
     for shards in (1, 2, 4):
         if row % shards == 0 and row // shards in gemm.TREE_CHUNKS:
+            if gemm.pieces_per_shard(contract, shards) > 1:  # sequential merge: a chain a chunk
+                layers += [("o_proj", h, heads * d // row, shards, 1), ("down_proj", h, i // row, shards, 1)]
+                continue
             layers += [("o_proj", h, heads * d // shards, shards, row // shards),
                        ("down_proj", h, i // shards, shards, row // shards)]
     return layers
@@ -218,7 +222,7 @@ class _Collector:
 def _plan(s: GemmShape, contract: NumericsContract, override: dict | None = None) -> dict:
     """gemm.plan for this launch, with the arguments gemm.triton_launch passes it."""
     return gemm.plan(s.m, s.n, _DEVICE, override, chunks=s.chunks, k_chunk=s.k // s.chunks,
-                     bk=contract.gemm.k_tile, dtype=s.x_dtype)
+                     bk=contract.gemm.k_tile, dtype=s.x_dtype, merge=contract.gemm.chunk_merge)
 
 
 def _gemm(col: _Collector, cfg: Qwen3Config, contract: NumericsContract, dtype: torch.dtype) -> None:

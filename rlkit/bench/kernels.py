@@ -95,19 +95,22 @@ def batch_invariant_ops_matmul():
     return lambda x, w: matmul_persistent(x, w.t())
 
 
-def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False) -> None:
-    """Every projection of each model at every M: cuBLAS, rlkit strict (the default contract, each layer
-    with its role), rlkit under contract v2 and Thinking Machines' batch-invariant matmul, CUDA-graph
+def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False, layers=None) -> None:
+    """Every projection of each model at every M (or the `layers` named): cuBLAS, rlkit strict (the
+    default contract, each layer with its role), rlkit under contract v4 (the previous default: the
+    pairwise tree in the row-parallel layers) and Thinking Machines' batch-invariant matmul, CUDA-graph
     replay. With `tune`, candidate launch configurations too (each checked bit for bit)."""
     from rlkit import NumericsContract
     from rlkit.kernels import gemm
 
-    c, v2 = NumericsContract.default(), NumericsContract.named("qwen3-dense-strict-v2")
+    c, v4 = NumericsContract.default(), NumericsContract.named("qwen3-dense-strict-v4")
     tm = batch_invariant_ops_matmul()
     print(f"bench gemm: batch_invariant_ops {'found' if tm else 'not importable (column left out)'}", flush=True)
     compiled: dict = {}  # kernel kind -> the last Launch of that kind (registers, spills)
     for model in models:
         for name, (k, n, row_par) in gemm_shapes(model).items():
+            if layers and name not in layers:
+                continue
             w = _randn(n, k, scale=0.02, seed=1)
             for m in ms:
                 x = _randn(m, k, seed=2)
@@ -118,7 +121,7 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False)
                 impls = {
                     "native": lambda: F.linear(x, w),
                     "strict": lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, row_parallel=row_par),
-                    "strict_v2": lambda: gemm.triton_partial(x, w, v2, 1, torch.bfloat16),
+                    "strict_v4": lambda: gemm.triton_partial(x, w, v4, 1, torch.bfloat16, row_parallel=row_par),
                 }
                 if tm is not None:
                     impls["batch_invariant_ops"] = lambda: tm(x, w)
@@ -520,13 +523,15 @@ def render(rows: list[dict]) -> str:
 
 
 def run(out_dir: str | Path, quick: bool = False, tune: bool = False, parts=("gemm", "attention", "logprob",
-        "rowwise", "engine")) -> list[dict]:
-    """Run the benchmarks, write bench.jsonl / bench.csv / BENCHMARKS.md under out_dir, return the rows."""
+        "rowwise", "engine"), gemm_layers=None, gemm_ms=None) -> list[dict]:
+    """Run the benchmarks, write bench.jsonl / bench.csv / BENCHMARKS.md under out_dir, return the rows.
+    `gemm_layers` / `gemm_ms`: only those projections (qkv, o, gate_up, down, lm_head) / token counts."""
     out = Path(out_dir)
     rec = Recorder(torch.cuda.get_device_name(), commit())
     started = time.time()
     steps = {
-        "gemm": lambda: bench_gemm(rec, ms=(1, 64, 1024) if quick else GEMM_M, tune=tune),
+        "gemm": lambda: bench_gemm(rec, ms=gemm_ms or ((1, 64, 1024) if quick else GEMM_M), tune=tune,
+                                   layers=gemm_layers),
         "attention": lambda: bench_attention(rec, seqlens=(1024,) if quick else (1024, 4096, 16384), tune=tune),
         "logprob": lambda: bench_logprob(rec, ms=(1, 1024) if quick else (1, 64, 1024, 4096)),
         "rowwise": lambda: bench_rowwise(rec),

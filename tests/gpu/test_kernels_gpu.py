@@ -3,8 +3,8 @@
 Run on the H200: `pip install --no-deps --no-build-isolation -e .` then `python -m pytest -q tests/gpu`
 (lab/gpu_run.py does it with the benchmarks). Two kinds of assertion, kept apart (STYLE.md rule 2): closeness with a tolerance, and
 bitwise invariance with none. Sizes are chosen either side of every launch threshold:
-- GEMM (contract v3: one chain over K for column-parallel layers, the 4-chunk tree for row-parallel
-  ones; both are tested): M <= 64 runs the swapped decode kernel (token tiles of 16/32/64), M > 64 the
+- GEMM (contract v3+: one chain over K for column-parallel layers, four K chunks for row-parallel ones,
+  merged in chunk order (v5) or by the pairwise tree (v4); all are tested): M <= 64 runs the swapped decode kernel (token tiles of 16/32/64), M > 64 the
   persistent TMA kernel whose tile shrinks (128x256 -> 64x64) until every SM has a tile, and whose K
   chunks split over C programs when even 64x64 tiles leave SMs idle. Every M in M_SWEEP below is
   compared with the same rows inside a batch of 4096, and every launch configuration (TMA and the
@@ -24,6 +24,7 @@ from rlkit.types import AttentionLayout
 
 pytestmark = pytest.mark.gpu
 C = NumericsContract.default()
+V4 = NumericsContract.named("qwen3-dense-strict-v4")
 V2 = NumericsContract.named("qwen3-dense-strict-v2")
 DEV = "cuda"
 M_SWEEP = [1, 2, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 512, 513,
@@ -92,22 +93,29 @@ CONFIGS = [
     dict(kind="tma", flat=True, BM=128, BN=64, GROUP_M=8, split=False, stash=0, num_warps=8, num_stages=4),
     dict(kind="tma", flat=True, BM=128, BN=128, GROUP_M=8, split=False, stash=1, num_warps=8, num_stages=4),
     dict(kind="tma", flat=True, BM=128, BN=128, GROUP_M=8, split=False, stash=2, num_warps=8, num_stages=4),
+    # v5's ordered merge: every chunk of a tile in one pipelined loop (one_loop), 128 x 64 two a SM
+    dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, one_loop=True, num_warps=8, num_stages=4),
+    dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, num_warps=4, num_stages=4, programs_per_sm=2),
+    dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, one_loop=True, num_warps=4, num_stages=4,
+         programs_per_sm=2),
+    dict(kind="tma", flat=True, BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=3),
 ]
 ONE_CHAIN_ONLY = [dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3),
                   dict(kind="tma", flat=True, BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3)]
 """A 128x256 tile holds one accumulator of 128 registers a thread: the plan never gives it C > 1."""
 
 
+@pytest.mark.parametrize("contract", [C, V4], ids=["v5", "v4"])
 @pytest.mark.parametrize("row_parallel", [False, True])
 @pytest.mark.parametrize("m", [1, 40, 200, 1000])
-def test_gemm_every_launch_configuration_gives_the_same_bits(m, row_parallel):
+def test_gemm_every_launch_configuration_gives_the_same_bits(m, row_parallel, contract):
     """The tile shapes, warps, stages, TMA or pointer loads, persistent or not, and chunk placement are
-    layout only: identical bits."""
+    layout only: identical bits, under the ordered merge (v5) and the pairwise tree (v4)."""
     x, w = randn(m, 4096, seed=5), randn(2048, 4096, scale=0.02, seed=6)
-    base = gemm.triton_partial(x, w, C, 1, torch.bfloat16, config=CONFIGS[0], row_parallel=row_parallel)
+    base = gemm.triton_partial(x, w, contract, 1, torch.bfloat16, config=CONFIGS[0], row_parallel=row_parallel)
     for cfg in CONFIGS[1:] + ([] if row_parallel else ONE_CHAIN_ONLY):
-        y = gemm.triton_partial(x, w, C, 1, torch.bfloat16, config=cfg, row_parallel=row_parallel)
-        assert_bitwise_equal(y, base, f"{cfg} vs {CONFIGS[0]} (row_parallel={row_parallel})")
+        y = gemm.triton_partial(x, w, contract, 1, torch.bfloat16, config=cfg, row_parallel=row_parallel)
+        assert_bitwise_equal(y, base, f"{cfg} vs {CONFIGS[0]} ({contract.name}, row_parallel={row_parallel})")
 
 
 @pytest.mark.parametrize("row_parallel", [False, True])
@@ -131,11 +139,25 @@ def test_gemm_signed_zero_sums_agree_across_configurations(row_parallel):
 
 
 @pytest.mark.parametrize("m", [1, 64, 300, 2048])
-def test_gemm_v3_row_parallel_layers_keep_v2_bits(m):
-    """Contract v3 changed only the column-parallel GEMMs: a row-parallel layer (now the TMA kernel at
+def test_gemm_v4_row_parallel_layers_keep_v2_bits(m):
+    """Contracts v3 and v4 changed only the column-parallel GEMMs: a row-parallel layer (the TMA kernel at
     M > 64) gives exactly v2's bits (v2's pointer-load split kernel)."""
     x, w = randn(m, 4096, seed=15), randn(2048, 4096, scale=0.02, seed=16)
-    assert_bitwise_equal(gemm.strict(x, w, C, row_parallel=True), gemm.strict(x, w, V2), f"v3 row-par. vs v2 M={m}")
+    assert_bitwise_equal(gemm.strict(x, w, V4, row_parallel=True), gemm.strict(x, w, V2), f"v4 row-par. vs v2 M={m}")
+
+
+@pytest.mark.parametrize("m", [1, 8, 64, 300, 2048])
+def test_gemm_v5_row_parallel_is_the_ordered_sum_of_chunk_chains(m):
+    """v5's row-parallel layer, whatever kernel its plan picks (decode split, TMA in registers or split
+    programs), equals ((c0 + c1) + c2) + c3 of the four one-chain products over the K quarters, rounded
+    once; and it differs from v4's tree somewhere (a control: the merge rule decides bits)."""
+    x, w = randn(m, 4096, seed=17), randn(2048, 4096, scale=0.02, seed=18)
+    y, launches = gemm.triton_launch(x, w, C, 1, torch.bfloat16, row_parallel=True)
+    c = [gemm.triton_partial(x[:, s : s + 1024], w[:, s : s + 1024], C, 1, torch.float32) for s in range(0, 4096, 1024)]
+    assert_bitwise_equal(y, (((c[0] + c[1]) + c[2]) + c[3]).bfloat16(), f"v5 M={m} [{launches[0].kernel}] vs ordered fold")
+    if m >= 300:
+        print(compare(gemm.triton_partial(x, w, C, 1, torch.float32, row_parallel=True),
+                      gemm.triton_partial(x, w, V4, 1, torch.float32, row_parallel=True), f"v5 vs v4 fp32 M={m}"))
 
 
 def test_gemm_split_combine_is_deterministic():
@@ -147,13 +169,18 @@ def test_gemm_split_combine_is_deterministic():
             assert_bitwise_equal(gemm.strict(x, w, C, row_parallel=True), first, f"M={m} launch {i}")
 
 
-def test_gemm_tensor_parallel_subtrees():
-    x, w = randn(100, 4096, seed=9), randn(512, 4096, scale=0.02, seed=10)
-    whole = gemm.strict_partial(x, w, C)
-    halves = [gemm.strict_partial(x[:, s : s + 2048], w[:, s : s + 2048], C, shards=2) for s in (0, 2048)]
-    assert_bitwise_equal(halves[0] + halves[1], whole, "TP2 subtrees vs whole")
-    quarters = [gemm.strict_partial(x[:, s : s + 1024], w[:, s : s + 1024], C, shards=4) for s in range(0, 4096, 1024)]
-    assert_bitwise_equal((quarters[0] + quarters[1]) + (quarters[2] + quarters[3]), whole, "TP4 subtrees vs whole")
+@pytest.mark.parametrize("contract", [C, V4], ids=["v5", "v4"])
+@pytest.mark.parametrize("m", [8, 100, 1000])
+def test_gemm_tensor_parallel_subtrees(contract, m):
+    """TP 2 and 4: each shard's pieces (v5: its chunk sums; v4: its subtree), gathered in rank order and
+    merged by the contract's rule, equal the unsharded layer's fp32 sum."""
+    x, w = randn(m, 4096, seed=9), randn(512, 4096, scale=0.02, seed=10)
+    whole = gemm.strict_shard_partials(x, w, contract)[0]
+    for tp in (2, 4):
+        width = 4096 // tp
+        pieces = torch.cat([gemm.strict_shard_partials(x[:, s : s + width], w[:, s : s + width], contract, shards=tp)
+                            for s in range(0, 4096, width)])
+        assert_bitwise_equal(gemm.merge(pieces, contract), whole, f"TP{tp} pieces vs whole ({contract.name}, M={m})")
 
 
 def test_gemm_native_control_differs():

@@ -122,10 +122,12 @@ def test_gemm_plan_follows_the_target():
         amd = gemm.plan(4096, 4096, dev, **one_chain)
     with _tr.assume_gpu(SM90.traits):
         nv = gemm.plan(4096, 4096, dev, **one_chain)
-        nv_tree = gemm.plan(4096, 4096, dev, chunks=4, k_chunk=1024)
+        nv_tree = gemm.plan(4096, 4096, dev, chunks=4, k_chunk=1024, merge="pairwise_tree")
+        nv_fold = gemm.plan(4096, 4096, dev, chunks=4, k_chunk=1024, merge="sequential")
     assert (amd["kind"], amd["BM"], amd["BN"], amd["num_stages"]) == ("tiles", 128, 128, 2)
     assert (nv["kind"], nv["BM"], nv["BN"], nv["num_stages"]) == ("tma", 128, 256, 3)
     assert (nv_tree["kind"], nv_tree["BM"], nv_tree["BN"], nv_tree["stash"]) == ("tma", 128, 128, 1)
+    assert (nv_fold["kind"], nv_fold["BM"], nv_fold["BN"], nv_fold.get("stash", 0)) == ("tma", 128, 128, 0)
     assert gemm.plan(4096, 4096, torch.device("cpu"), **one_chain)["kind"] == "tiles"
     assert _tr.sm_count(torch.device("cpu")) == 4  # the assumption ended with its block
 

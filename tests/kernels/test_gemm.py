@@ -54,32 +54,61 @@ def test_output_columns_do_not_depend_on_how_many_columns_are_computed():
                          "column shards vs whole")
 
 
-def test_partial_shards_are_subtrees_of_the_whole():
-    """The 4-chunk tree ((c0+c1)+(c2+c3)) equals the tree over two 2-chunk shard partials (TP 2)."""
+V4 = NumericsContract.named("qwen3-dense-strict-v4")
+
+
+@pytest.mark.parametrize("contract", [C, V4], ids=["v5-sequential", "v4-pairwise"])
+def test_tp_shard_pieces_merge_to_the_whole(contract):
+    """TP 2 and TP 4: each shard's pieces (v4: its subtree; v5: its chunks, unmerged), gathered in rank
+    order and merged by the contract's rule, equal the unsharded layer bit for bit."""
     x = torch.randn(20, 256)
     w = torch.randn(64, 256)
-    whole = gemm.partial(x, w, C, row_parallel=True)
-    halves = [gemm.partial(x[:, s : s + 128], w[:, s : s + 128], C, shards=2, row_parallel=True)
-              for s in (0, 128)]
-    assert_bitwise_equal(halves[0] + halves[1], whole, "two TP shards vs one")
+    whole = gemm.partial(x, w, contract, row_parallel=True)
+    for tp in (2, 4):
+        width = 256 // tp
+        pieces = [gemm.shard_partials(x[:, s : s + width], w[:, s : s + width], contract, shards=tp,
+                                      row_parallel=True) for s in range(0, 256, width)]
+        expect = 1 if contract.gemm.chunk_merge == "pairwise_tree" else 4 // tp
+        assert all(p.shape == (expect, 20, 64) for p in pieces)
+        assert_bitwise_equal(gemm.merge(torch.cat(pieces), contract), whole, f"TP {tp} pieces vs one")
     with pytest.raises(OpInputError, match="only row-parallel layers split K"):
-        gemm.partial(x[:, :128], w[:, :128], C, shards=2)
+        gemm.shard_partials(x[:, :128], w[:, :128], contract, shards=2)
+
+
+def test_v5_merges_chunks_in_order_and_v4_by_the_tree():
+    """v5's row-parallel sum is ((c0 + c1) + c2) + c3 of the four one-chain chunk sums, v4's
+    (c0 + c1) + (c2 + c3); on random fp32 inputs the two orders round differently somewhere (the field
+    decides bits), and only v5's equals the ordered fold."""
+    x = torch.randn(64, 1024)
+    w = torch.randn(128, 1024)
+    one_chain = C.replace(gemm=GemmSpec(k_chunks=1, column_k_chunks=1))
+    c0, c1, c2, c3 = (gemm.partial(x[:, s : s + 256], w[:, s : s + 256], one_chain) for s in range(0, 1024, 256))
+    assert_bitwise_equal(gemm.partial(x, w, C, row_parallel=True), ((c0 + c1) + c2) + c3, "v5 vs ordered fold")
+    assert_bitwise_equal(gemm.partial(x, w, V4, row_parallel=True), (c0 + c1) + (c2 + c3), "v4 vs tree")
+    differ = compare(gemm.partial(x, w, C, row_parallel=True), gemm.partial(x, w, V4, row_parallel=True),
+                     "v5 vs v4 row-parallel fp32 sums")
+    print(differ)
+    assert not differ.equal, "the two merge rules gave the same fp32 bits on 8,192 random sums"
 
 
 def test_v3_row_parallel_layers_keep_v2_bits_and_column_layers_sum_k_in_one_chain():
-    """Contract v3: a row-parallel layer (o_proj, down_proj) is v2's 4-chunk tree, bit for bit; every other
-    GEMM is one chain over K, i.e. v2's arithmetic with k_chunks = 1."""
+    """Contract v3 (and v4, whose GEMM is v3's): a row-parallel layer (o_proj, down_proj) is v2's 4-chunk
+    tree, bit for bit; every other GEMM is one chain over K, i.e. v2's arithmetic with k_chunks = 1; v5
+    keeps v4's column layers."""
     v2 = NumericsContract.named("qwen3-dense-strict-v2")
+    C = V4  # noqa: N806 - the contract under test here
     x = torch.randn(40, 1024).bfloat16()
     w = (torch.randn(96, 1024) / 32).bfloat16()
     assert gemm.chunk_count(C, row_parallel=True) == 4 and gemm.chunk_count(C, row_parallel=False) == 1
     assert gemm.chunk_count(v2, row_parallel=False) == 4
     assert_bitwise_equal(gemm.reference(x, w, C, row_parallel=True), gemm.reference(x, w, v2), "v3 row-par. vs v2")
-    one_chain = v2.replace(gemm=GemmSpec(k_chunks=1, column_k_chunks=None))
+    one_chain = v2.replace(gemm=GemmSpec(k_chunks=1, column_k_chunks=None, chunk_merge="pairwise_tree"))
     assert_bitwise_equal(gemm.reference(x, w, C), gemm.reference(x, w, one_chain), "v3 column vs one chain")
     differ = compare(gemm.reference(x, w, C), gemm.reference(x, w, v2), "v3 column vs v2 (4 chunks)")
     print(differ)  # fp32 sums in another order: they may round to other bf16 values
     assert rel_err(gemm.reference(x, w, C), x.double() @ w.double().T) < REL_TOL[torch.bfloat16]
+    v5 = NumericsContract.default()
+    assert_bitwise_equal(gemm.reference(x, w, v5), gemm.reference(x, w, C), "v5 column vs v4 column")
 
 
 @pytest.mark.parametrize("dtype, k", [(torch.float32, 256), (torch.bfloat16, 4096), (torch.bfloat16, 256)])
@@ -110,8 +139,8 @@ def test_bad_inputs_name_the_op_and_shapes():
     with pytest.raises(OpInputError, match=r"not divisible into 2 equal chunks \(contract gemm.column_k_chunks=2\)"):
         gemm.reference(torch.randn(4, 9), torch.randn(3, 9), C.replace(gemm=GemmSpec(column_k_chunks=2)))
     with pytest.raises(OpInputError, match="shards do not divide"):
-        gemm.partial(torch.randn(4, 16), torch.randn(3, 16), C.replace(gemm=GemmSpec(k_chunks=2)), shards=4,
-                     row_parallel=True)
+        gemm.shard_partials(torch.randn(4, 16), torch.randn(3, 16), C.replace(gemm=GemmSpec(k_chunks=2)), shards=4,
+                            row_parallel=True)
 
 
 def test_weight_chunk_cache_holds_its_weights_weakly_and_follows_in_place_updates():

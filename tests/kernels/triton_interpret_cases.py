@@ -16,6 +16,7 @@ from rlkit.contract import AttentionSpec, GemmSpec, LogprobSpec, RmsNormSpec
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/kernels/test_triton_interpret.py"
 C = NumericsContract.default()
+V4 = NumericsContract.named("qwen3-dense-strict-v4")
 
 
 def rel(out, ref):
@@ -82,9 +83,34 @@ def test_gemm_rows_alone_and_tp_subtrees():
     for r in (0, 63, 64, 69):
         assert_bitwise_equal(gemm.triton_partial(x[r : r + 1], w, C, 1, torch.float32, row_parallel=True),
                              full[r : r + 1], f"row {r}")
-    halves = [gemm.triton_partial(x[:, s : s + 128], w[:, s : s + 128], C, 2, torch.float32, row_parallel=True)
-              for s in (0, 128)]
-    assert_bitwise_equal(halves[0] + halves[1], full, "two TP shards' subtrees vs the whole")
+    for contract in (C, V4):
+        halves = torch.cat([gemm.triton_shard_partials(x[:, s : s + 128], w[:, s : s + 128], contract, 2)
+                            for s in (0, 128)])
+        assert_bitwise_equal(gemm.merge(halves, contract), full, f"two TP shards' pieces vs the whole ({contract.name})")
+
+
+@pytest.mark.parametrize("cfg", [
+    dict(kind="swapped", BN=64, BT=16, num_warps=4, num_stages=2),                        # split combine
+    dict(kind="tiles", BM=64, BN=64, GROUP_M=2, split=False, num_warps=4, num_stages=2),   # registers
+    dict(kind="tiles", BM=64, BN=64, GROUP_M=2, split=True, num_warps=4, num_stages=2),
+    dict(kind="tma", BM=64, BN=64, GROUP_M=2, split=False, num_warps=4, num_stages=2),
+    dict(kind="tma", BM=64, BN=64, GROUP_M=2, split=False, one_loop=True, num_warps=4, num_stages=2),
+    dict(kind="tma", BM=64, BN=64, GROUP_M=2, split=True, num_warps=4, num_stages=2),
+    dict(kind="tma", flat=True, BM=64, BN=64, GROUP_M=2, split=False, num_warps=4, num_stages=2)])
+def test_gemm_v5_kernels_merge_chunks_in_order(cfg):
+    """Real-valued inputs (not the exact integers): every launch form adds v5's four chunk sums as
+    ((c0 + c1) + c2) + c3, each c the same launch's one chain over its K quarter (same tiles, so the
+    interpreter's dot gives the chain the same bits), and not as v4's tree."""
+    from rlkit.kernels import gemm
+    dtype = torch.float16 if cfg["kind"] == "tma" else torch.float32
+    x, w = torch.randn(70, 512, generator=g(30)).to(dtype), torch.randn(136, 512, generator=g(31)).to(dtype)
+    y = gemm.triton_partial(x, w, C, 1, torch.float32, config=cfg, row_parallel=True)
+    c = [gemm.triton_partial(x[:, s : s + 128], w[:, s : s + 128], C, 1, torch.float32, config=cfg)
+         for s in range(0, 512, 128)]
+    assert_bitwise_equal(y, ((c[0] + c[1]) + c[2]) + c[3], f"{cfg}: v5 vs the ordered fold")
+    tree = gemm.triton_partial(x, w, V4, 1, torch.float32, config=cfg, row_parallel=True)
+    assert_bitwise_equal(tree, (c[0] + c[1]) + (c[2] + c[3]), f"{cfg}: v4 vs the tree")
+    assert not torch.equal(y, tree), f"{cfg}: the two merge rules agreed on all {y.numel()} sums"
 
 
 TMA_CONFIGS = [  # the Hopper TMA kernel (fp16 here: the interpreter computes bf16 dots wrongly)
@@ -98,12 +124,15 @@ TMA_CONFIGS = [  # the Hopper TMA kernel (fp16 here: the interpreter computes bf
     dict(kind="tma", flat=True, BM=32, BN=64, GROUP_M=1, split=False, stash=1, num_warps=4, num_stages=2),
     dict(kind="tma", flat=True, BM=64, BN=32, GROUP_M=2, split=False, stash=2, num_warps=4, num_stages=2,
          programs_per_sm=1),
+    # v5's ordered merge in one pipelined loop a tile (under v4 the same as the nested form)
+    dict(kind="tma", BM=64, BN=64, GROUP_M=2, split=False, one_loop=True, num_warps=4, num_stages=2),
 ]
 
 
+@pytest.mark.parametrize("contract", [C, V4], ids=["v5", "v4"])
 @pytest.mark.parametrize("n", [130, 136])
 @pytest.mark.parametrize("row_parallel", [False, True])
-def test_gemm_tma_kernel_persistent_and_split(row_parallel, n):
+def test_gemm_tma_kernel_persistent_and_split(row_parallel, n, contract):
     """The TMA kernel under the v3 contract: one chain (column-parallel) or the 4-chunk tree
     (row-parallel), persistent (4 programs walk 3 x 3 tiles: M = 70 and N = 130 / 136 end mid-tile) or
     one program per (tile, chunk); every form equals the CPU reference, TP shards add up to the whole,
@@ -111,19 +140,22 @@ def test_gemm_tma_kernel_persistent_and_split(row_parallel, n):
     130 values is not 16-byte aligned, so N = 130 takes the nested form and N = 136 the flat one."""
     from rlkit.kernels import gemm
     x, w = exact(70, 512, seed=13).half(), exact(n, 512, seed=14).half()
-    ref = gemm.partial(x, w, C, row_parallel=row_parallel)
+    ref = gemm.partial(x, w, contract, row_parallel=row_parallel)
     for cfg in TMA_CONFIGS:
-        y, launches = gemm.triton_launch(x, w, C, 1, torch.float32, config=cfg, row_parallel=row_parallel)
+        y, launches = gemm.triton_launch(x, w, contract, 1, torch.float32, config=cfg, row_parallel=row_parallel)
         assert [ln.kernel for ln in launches] == ["tma_flat" if cfg.get("flat") and n % 4 == 0 else "tma"]
         assert_bitwise_equal(y, ref, f"{cfg} vs reference")
-    y, launches = gemm.triton_launch(x, w, C, 1, torch.float16, row_parallel=row_parallel)
+    y, launches = gemm.triton_launch(x, w, contract, 1, torch.float16, row_parallel=row_parallel)
     assert launches[0].kernel == "tma" and launches[0].plan["C"] == (4 if row_parallel else 1)
     assert_bitwise_equal(y, ref.half(), "default plan vs reference")
     if row_parallel:
         for cfg in (TMA_CONFIGS[0], TMA_CONFIGS[5]):
-            halves = [gemm.triton_partial(x[:, s : s + 256], w[:, s : s + 256], C, 2, torch.float32,
+            halves = [gemm.triton_partial(x[:, s : s + 256], w[:, s : s + 256], contract, 2, torch.float32,
                                           config=cfg, row_parallel=True) for s in (0, 256)]
-            assert_bitwise_equal(halves[0] + halves[1], ref, f"two TP shards' subtrees vs the whole, {cfg}")
+            pieces = torch.cat([gemm.triton_shard_partials(x[:, s : s + 256], w[:, s : s + 256], contract, 2)
+                                for s in (0, 256)])
+            assert_bitwise_equal(gemm.merge(pieces, contract), ref, f"two TP shards' pieces vs the whole, {cfg}")
+            assert_bitwise_equal(halves[0] + halves[1], ref, f"two shards' own merges added, {cfg} (exact inputs)")
 
 
 # -- RMSNorm, SwiGLU, RoPE ----------------------------------------------------------------------------
