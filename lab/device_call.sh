@@ -1,0 +1,17 @@
+#!/bin/bash
+# One device call's steps, each under its own time limit, with every log and row kept under $W and packed
+# into $OUT/all.tgz after each step (a call returns at most 8 files; a killed step loses nothing before it).
+#   bash lab/device_call.sh STEP:SECONDS:COMMAND ...      (COMMAND runs with W, RLKIT_* set)
+set -u
+W=/tmp/w; mkdir -p $W; export W PYTHONUNBUFFERED=1 RLKIT_DATA=$PWD/.thirdparty/data
+export RLKIT_BATCH_INVARIANT_OPS=$PWD/.thirdparty/tm RLKIT_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+python3 -m pip install -q --no-deps --no-build-isolation -e . > $W/install.log 2>&1 || { echo "install failed"; tail $W/install.log; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv > $W/smi.txt 2>&1
+for step in "$@"; do
+  name=${step%%:*}; rest=${step#*:}; secs=${rest%%:*}; cmd=${rest#*:}
+  t0=$(date +%s)
+  timeout $secs bash -c "$cmd" > $W/$name.log 2>&1; rc=$?
+  echo "== $name rc=$rc in $(( $(date +%s) - t0 )) s"
+  grep -E "^(tune|DIFFERENT|FAILED|ERROR)|passed|failed|ratio|Error" $W/$name.log | grep -v "^SKIPPED" | tail -40
+  tar czf $OUT/all.tgz -C $W . 2>/dev/null
+done
