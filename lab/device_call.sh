@@ -13,5 +13,6 @@ for step in "$@"; do
   timeout $secs bash -c "$cmd" > $W/$name.log 2>&1; rc=$?
   echo "== $name rc=$rc in $(( $(date +%s) - t0 )) s"
   grep -E "^(tune|DIFFERENT|FAILED|ERROR)|passed|failed|ratio|Error" $W/$name.log | grep -v "^SKIPPED" | tail -40
-  tar czf $OUT/all.tgz -C $W . 2>/dev/null
+  (cd $W && find . -maxdepth 3 -type f \( -name '*.log' -o -name '*.txt' -o -name '*.jsonl' -o -name '*.md' \) \
+     -size -20M | tar czf $OUT/all.tgz -T - 2>/dev/null)
 done
