@@ -640,16 +640,20 @@ ROW_PARALLEL_TILES = {  # merge -> ((config, when: the number of its tiles >= th
         (dict(BM=128, BN=64, stash=0, num_warps=4, num_stages=5), 0.9),
     ),
     "sequential": (
-        (dict(BM=128, BN=128, num_warps=8, num_stages=4), 0.9),
-        (dict(BM=128, BN=64, num_warps=4, num_stages=4, programs_per_sm=2), 0.9),
+        (dict(BM=128, BN=128, num_warps=8, num_stages=4, min_k_chunk=1024), 0.9),
+        (dict(BM=64, BN=128, num_warps=4, num_stages=4, programs_per_sm=2), 0.45),
     ),
 }
 """The 4-chunk merge in one program. Pairwise tree, measured on the H200 (lab/KERNELS_NOTES.md): 128 x 128
 with (c0 + c1) waiting in an fp32 slot (two accumulators live; three in registers measured 0.1-0.2x
 cuBLAS), or, with fewer tiles, 128 x 64 with all three in registers (32 a thread each). Sequential merge
 (contract v5): two accumulators in registers, no slot (sm_90: 191 registers, no spills at 128 x 128 /
-8 warps; 186 at 128 x 64 / 4 warps, two programs an SM). With fewer tiles still, the chunks go to their
-own programs (SPLIT)."""
+8 warps; 191 at 64 x 128 / 4 warps, two programs an SM). Measured on the H200 (lab/LOG.md, 2026-12-01
+session 5): 128 x 128 is the faster where a chunk is at least 1024 long (8b o/down, 1.7b down:
+0.72-0.90 of cuBLAS at M >= 1024); with shorter chunks the pipeline drains at every chunk end weigh
+more and 64 x 128 tiles two an SM, one draining while the other computes, win (0.6b o/down 0.69-0.83
+against 0.61-0.84). `min_k_chunk`: the entry needs chunks at least this long. With fewer tiles still,
+the chunks go to their own programs (SPLIT)."""
 
 
 def _wave_efficiency(tiles: int, sms: int) -> float:
@@ -702,7 +706,9 @@ def plan(m: int, n: int, device: torch.device, override: dict | None = None, chu
                 TMA_TILES, key=lambda t: t[4] * _wave_efficiency(_tr.cdiv(m, t[0]) * _tr.cdiv(n, t[1]), sms))
             return dict(kind="tma", BM=bm, BN=bn, GROUP_M=8, split=False, num_warps=warps, num_stages=stages)
         for cfg, fill in ROW_PARALLEL_TILES[merge]:
-            if _tr.cdiv(m, cfg["BM"]) * _tr.cdiv(n, cfg["BN"]) >= fill * sms:
+            cfg = dict(cfg)
+            if (_tr.cdiv(m, cfg["BM"]) * _tr.cdiv(n, cfg["BN"]) >= fill * sms
+                    and k_chunk >= cfg.pop("min_k_chunk", 0)):
                 return dict(kind="tma", GROUP_M=8, split=False, **cfg)
         for bm, bn, warps, stages, _ in TMA_TILES[1:]:  # split: the largest tile giving ~2 waves of programs
             if _tr.cdiv(m, bm) * _tr.cdiv(n, bn) * chunks >= 1.9 * sms:

@@ -388,11 +388,11 @@ def triton_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contr
     return out
 
 
-PARALLEL_CHUNKS = False
-"""Whether plans use the chunk-parallel form for fewer rows than the GPU has SMs. Off until the H200 has
-shown it gives the one-program-a-row bits (tests/gpu/test_kernels_gpu.py compares the two forms on 700
-rows) and timed it (the benchmark's `strict_parallel_chunks` rows): the engine's decode rows and the
-trainer's rows must keep taking forms that agree bit for bit."""
+PARALLEL_CHUNKS = True
+"""Whether plans use the chunk-parallel form for fewer rows than the GPU has SMs: the engine's decode
+rows then take it and the trainer's rows the one-program-a-row form, so the two must agree bit for bit
+(tests/gpu/test_kernels_gpu.py compares them on 700 rows and on the first 1, 16 and 65 rows; the
+benchmark's `strict_row_programs` rows time the other form and check its bits)."""
 
 
 def chunks_in_parallel(rows: int, device: torch.device) -> bool:
