@@ -283,9 +283,13 @@ quarter of the prefill tile's registers; the SMs stream keys instead of idling o
 PREFILL_TILE = (128, 8)
 """v4, every other batch (prefill, chunked prefill, decode beside a prefill chunk): (rows, warps). Measured
 on the H200 against 64x4, 64x8 and 128x4 (lab/LOG.md 2026-12-01 session 3): 128 rows, two warpgroups."""
-UNMASKED_FULL = False
+UNMASKED_FULL = True
 """Whether plans run the key blocks a tile sees whole without masks and guards (the same values: see
-`_block_step`). Off until timed on the H200 (`rlkit bench kernels --tune`: attention_tune "unmasked")."""
+`_block_step`). Measured on the H200 (lab/LOG.md 2026-12-01 session 5; `rlkit bench kernels --tune`,
+attention_tune "unmasked"): prefill 0.83 / 0.84 / 0.82 of SDPA flash at S = 1k / 4k / 16k against 0.76 /
+0.72 / 0.69 with masks on every block, paged decode at B = 64 1.07 / 1.03 of the native control's against
+0.94 / 0.91; the same bits in all nine timed shapes and in tests/gpu's every-decode-position test (2,000
+decode positions fused and split, and both prefills, against the masked kernel)."""
 MAX_SLOTS = 8
 """Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
 

@@ -368,6 +368,12 @@ def triton_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contr
                        params: SamplingParams | None = None, parallel: bool | None = None) -> torch.Tensor:
     """`parallel`: a row's vocab chunks in programs of their own (None: `chunks_in_parallel`)."""
     check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device)
+    return _triton_from_checked_logits(logits_fp32, token_ids, contract, params, parallel)
+
+
+def _triton_from_checked_logits(logits_fp32, token_ids, contract, params, parallel):
+    """`triton_from_logits` once the ids are known to be in range (their check syncs with the device:
+    a caller that checked them already must not pay for it again, behind the GEMM it just queued)."""
     z = logits_fp32
     if params is not None and not params.is_identity:
         z = process_logits(z, params, contract)
@@ -409,7 +415,8 @@ def triton_logprob(hidden, weight, token_ids, contract, params=None, parallel: b
     step = max(contract.logprob.row_block, GPU_ROW_BLOCK)
     for lo in range(0, hidden.shape[0], step):
         block = gemm.triton_partial(hidden[lo : lo + step], weight, contract, 1, torch.float32)
-        out[lo : lo + step] = triton_from_logits(block, token_ids[lo : lo + step], contract, params, parallel)
+        out[lo : lo + step] = _triton_from_checked_logits(block, token_ids[lo : lo + step], contract, params,
+                                                          parallel)
     return out
 
 

@@ -18,7 +18,11 @@ On the lent H200 (rlkit installed editable first, offline; the data travel in an
     RLKIT_DATA=.thirdparty/data RLKIT_COMMIT=<sha> python3 lab/rl_step_ratio_h200.py --out $OUT \\
         --shapes validation,trainer-heavy --steps 4 --minutes 2
     python lab/rl_step_ratio_h200.py --dry-run --out /tmp/ratio   # CPU, tiny preset, 16-token responses
-With --profile, each run is recorded by torch.profiler (every step, step 0 too: use few steps) and
+The source shape takes about five minutes of device time a path (two steps of ~2.5 min): run one path a
+call (`--paths strict`, then `--paths native`; each call's rows are written as its path finishes) and
+join them here with `--combine A.jsonl B.jsonl --out DIR`.
+With --profile, each run is recorded by torch.profiler (every step, step 0 too: use few steps; measured
+2026-12-01: the validation shape's 4 x 512 decode steps did not finish profiling in 166 s) and
 $OUT/profile-SHAPE-PATH.txt gets its kernels by device time (the top 60, and totals per kernel family),
 so the strict/native gap can be read kernel by kernel.
 
@@ -150,6 +154,27 @@ def medians(steps) -> dict[str, float]:
         "compared_tokens": float(sum(s.compared_tokens for s in steps))}
 
 
+def combine(files: list[str], out: Path) -> int:
+    """Ratio rows from per-path rows measured in separate calls (each file's rows keep their commit; the
+    ratio row takes the strict run's): `OUT/rl_step_ratio.jsonl` gets every row and the ratios."""
+    rows = [json.loads(line) for f in files for line in Path(f).read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["impl"] != "strict/native"]
+    by = {(r["shape"], r["impl"], r["metric"]): r for r in rows}
+    for shape in sorted({r["shape"] for r in rows}):
+        if not all((shape, path, "step_s") in by for path in ("strict", "native")):
+            print(f"{shape}: needs both a strict and a native run", file=sys.stderr)
+            return 2
+        for part in PARTS:
+            s, n = by[(shape, "strict", part)], by[(shape, "native", part)]
+            if n["median"] > 0:
+                rows.append(dict(s, impl="strict/native", metric=part, median=s["median"] / n["median"]))
+                print(f"{shape} {part}: strict {s['median']:.3f} native {n['median']:.3f} "
+                      f"ratio {s['median'] / n['median']:.3f}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rl_step_ratio.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -158,7 +183,13 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=2.0, help="time budget a run")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny preset, 16-token responses")
     ap.add_argument("--profile", action="store_true", help="record each run with torch.profiler (see above)")
+    ap.add_argument("--paths", default="strict,native",
+                    help="the paths to run (one path a device call for the long shapes; then --combine)")
+    ap.add_argument("--combine", nargs="+", metavar="ROWS.jsonl",
+                    help="no run: the strict/native rows of these files (one path each, or both) -> ratio rows")
     a = ap.parse_args()
+    if a.combine:
+        return combine(a.combine, a.out)
     shapes = step_shapes(a.dry_run)
     unknown = [s for s in a.shapes.split(",") if s not in shapes]
     if unknown:
@@ -167,9 +198,10 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     device = "cpu (dry run)" if a.dry_run else torch.cuda.get_device_name()
     sha, rows, table = commit(), [], []
+    paths = [p for p in ("strict", "native") if p in a.paths.split(",")]
     for name in a.shapes.split(","):
         result = {}
-        for path in ("strict", "native"):
+        for path in paths:
             cfg = shapes[name].replace(steps=a.steps, path=path)
             t0 = time.time()
             if a.profile:
@@ -187,6 +219,9 @@ def main() -> int:
                   + " ".join(f"{k} {v:.3f}" for k, v in (result[path] | memory).items()), flush=True)
             rows += [dict(op="rl_step", impl=path, shape=name, metric=k, median=v, device=device, commit=sha)
                      for k, v in (result[path] | memory).items()]
+            (a.out / "rl_step_ratio.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # per path
+        if len(result) < 2:
+            continue
         ratio = {part: result["strict"][part] / result["native"][part] for part in PARTS
                  if result["native"][part] > 0}
         rows += [dict(op="rl_step", impl="strict/native", shape=name, metric=k, median=v, device=device,

@@ -1,5 +1,7 @@
 """BENCHMARKS.md is drawn from long-format rows only: the RL-step table and the commits line read them."""
 
+import pytest
+
 from rlkit.bench.kernels import render
 
 
@@ -19,3 +21,51 @@ def test_rl_step_table_and_commits_come_from_the_rows():
     assert "| validation | native | 2.500 | 1.700 | 0.700 | 0.100 | 97 / 100 | abc1234 |" in text
     assert "| validation | **strict/native** | 1.20 | - | - | - |" in text
     assert "RL step" not in render([_row("swiglu", "strict", "swiglu 8x8", "ratio_vs_native", 0.99)])
+
+
+def test_render_from_committed_row_files_keeps_the_compile_report(tmp_path):
+    """`python -m rlkit.bench.kernels --render FILES --markdown MD` (no GPU): the tables come from the row
+    files, the compile-report block already in MD stays, the attention masking candidate gets its table."""
+    import json
+
+    from rlkit.bench.kernels import main
+
+    rows = [_row("swiglu", "strict", "swiglu 8x8", "ratio_vs_native", 0.99, "abc1234"),
+            _row("attention_tune", "unmasked", "prefill S=1024", "ratio_vs_native", 0.83, "abc1234"),
+            _row("attention_tune", "unmasked", "prefill S=1024", "same_bits", 1.0, "abc1234")]
+    f = tmp_path / "rows.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = tmp_path / "B.md"
+    md.write_text("old\n<!-- compile-report:start -->\nKEEP ME\n<!-- compile-report:end -->\n")
+    assert main(["--render", str(f), "--markdown", str(md)]) == 0
+    text = md.read_text()
+    assert "| swiglu 8x8 | strict | ratio_vs_native | 0.990 |" in text and "old" not in text
+    assert "KEEP ME" in text
+    assert "| prefill S=1024 | unmasked | same_bits | 1.000 |" in text
+
+
+def test_rl_step_rows_of_two_calls_combine_into_the_ratio(tmp_path):
+    """lab/rl_step_ratio_h200.py --combine: a strict and a native run measured in separate device calls
+    give the strict/native rows; a shape with one path only is refused with one line."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "lab" / "rl_step_ratio_h200.py"
+    parts = ("step_s", "rollout_s", "train_s", "sync_s")
+    for path, base in (("strict", 2.0), ("native", 1.6)):
+        (tmp_path / f"{path}.jsonl").write_text("".join(
+            json.dumps(_row("rl_step", path, "source", m, base * (i + 1), "c" + path)) + "\n"
+            for i, m in enumerate(parts)))
+    res = subprocess.run([sys.executable, str(script), "--combine", str(tmp_path / "strict.jsonl"),
+                          str(tmp_path / "native.jsonl"), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(x) for x in (tmp_path / "out" / "rl_step_ratio.jsonl").read_text().splitlines()]
+    ratio = {r["metric"]: r["median"] for r in rows if r["impl"] == "strict/native"}
+    assert ratio == pytest.approx({m: 1.25 for m in parts}, rel=1e-12)
+    assert {r["commit"] for r in rows if r["impl"] == "strict/native"} == {"cstrict"}
+    res = subprocess.run([sys.executable, str(script), "--combine", str(tmp_path / "strict.jsonl"),
+                          "--out", str(tmp_path / "out2")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "needs both a strict and a native run" in res.stderr

@@ -27,13 +27,14 @@ import torch
 
 from rlkit.contract import V1_NAME, V2_NAME, V3_NAME, V4_NAME, V5_NAME, NumericsContract
 from rlkit.kernels import _triton as _tr
-from rlkit.kernels import attention, gemm, logprob, rms_norm, rope, swiglu
+from rlkit.kernels import attention, gemm, gemm_kernels, logprob, rms_norm, rope, swiglu
 from rlkit.model.config import MODEL_PRESETS, Qwen3Config
 from rlkit.types import AttentionLayout
 
-KERNEL_MODULES = {"gemm": gemm, "attention": attention, "logprob": logprob, "rms_norm": rms_norm,
+KERNEL_MODULES = {"gemm": gemm_kernels, "attention": attention, "logprob": logprob, "rms_norm": rms_norm,
                   "rope": rope, "swiglu": swiglu}
-"""op -> the kernels/ module holding its Triton kernels (collectives and tree have none: torch only)."""
+"""op -> the kernels/ module holding its Triton kernels (collectives and tree have none: torch only; the
+GEMM's device code is kernels/gemm_kernels.py, its launcher kernels/gemm.py)."""
 
 CONTRACTS = (V5_NAME, V4_NAME, V3_NAME, V2_NAME, V1_NAME)
 """Released contracts whose strict kernels are compiled (identical requests are compiled once)."""

@@ -433,7 +433,7 @@ def _render_gemm(rows: list[dict]) -> list[str]:
                 + (" · strict / batch_invariant_ops" if vs_tm else ""), "",
                 f"Lowest vs cuBLAS: {min(ratios):.2f} (target >= 0.90)"
                 + (f"; lowest vs batch_invariant_ops: {min(vs_tm):.2f} (target >= 1.0)" if vs_tm else "")
-                + ". o and down are row-parallel (4-chunk K tree), the rest one chain over K.", "",
+                + ". o and down are row-parallel (4 K chunks, merged as the contract says: in order under v5), the rest one chain over K.", "",
                 "| M | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         for m in ms:
             line = []
@@ -514,6 +514,13 @@ def render(rows: list[dict]) -> str:
             fmt = lambda v: f"{v:.3f}" if v is not None else "-"  # noqa: E731
             out.append(f"| {r['shape']} | {r['impl']} | {r['metric']} | {r['median']:.3f} | {fmt(ms_s)} | {fmt(ms_n)} |")
         out.append("")
+    tuned = [r for r in rows if r["op"] == "attention_tune" and r["impl"] in ("unmasked", "masked")]
+    if tuned:  # the form the default plan does not take, timed and checked bit for bit beside it
+        out += ["## Attention: the other masking form, timed beside the plan's (`--tune`; the tables above are the "
+                "form the plan took when the rows were measured: full key blocks with or without masks)", "",
+                "| shape | impl | metric | value |", "|---|---|---|---|"]
+        out += [f"| {r['shape']} | {r['impl']} | {r['metric']} | {r['median']:.3f} |" for r in tuned]
+        out.append("")
     regs = [r for r in rows if r["shape"] == "last compiled"]
     if regs:
         out += ["## Compiled kernels (last launch of each kind)", "", "| op | kernel | metric | value |", "|---|---|---|---|"]
@@ -558,7 +565,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tune", action="store_true", help="also time candidate GEMM launch configurations")
     ap.add_argument("--parts", default="gemm,attention,logprob,rowwise,engine")
     ap.add_argument("--markdown", default=None, help="also copy the rendered tables to this path")
+    ap.add_argument("--render", nargs="+", metavar="ROWS.jsonl",
+                    help="no GPU: render --markdown from these row files (committed runs), in order")
     a = ap.parse_args(argv)
+    if a.render:
+        rows = [json.loads(line) for f in a.render for line in Path(f).read_text().splitlines() if line.strip()]
+        rows = [r for r in rows if r["op"] != "gemm" or not r["metric"].startswith(("plan", "same_bits"))]
+        text = render(rows)
+        if a.markdown:
+            from rlkit.bench.compile_targets import keep_compile_report
+
+            md = Path(a.markdown)
+            text = keep_compile_report(md.read_text() if md.exists() else "", text)
+            md.write_text(text)
+        else:
+            print(text)
+        return 0
     if not torch.cuda.is_available():
         print("rlkit bench kernels needs a CUDA device")
         return 2

@@ -323,7 +323,7 @@ def test_attention_prefill_chunked_decode_agree(n):
 V3 = NumericsContract.named("qwen3-dense-strict-v3")
 
 
-@pytest.mark.parametrize("contract", [C, V3], ids=["v4", "v3"])
+@pytest.mark.parametrize("contract", [C, V3], ids=["v5", "v3"])
 @pytest.mark.parametrize("group", [2, 4])
 def test_attention_every_decode_position_equals_prefill(contract, group):
     """Every position of two sequences (700 and 1300 tokens, both sides of splits 256..1024) decoded in
