@@ -89,12 +89,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, row_parallel: bool = False,
     """y = x @ weight.T. `row_parallel`: the layer is one whose K tensor parallelism splits (o_proj,
     down_proj), so its strict K reduction is the contract's chunk tree (gemm.k_chunks) at every TP size,
     TP 1 included; every other layer sums K as gemm.column_k_chunks says. With `tp_size > 1` (row-parallel
-    only) x and weight hold this rank's K slice and the result is all-reduced over `tp_group` (strict:
-    per-rank subtree partials in fp32, combined by the canonical all-reduce, rounded once; native: a local
-    GEMM plus the backend's all-reduce in the model dtype). Strict, in detail: each rank computes the fp32
-    pieces of the merge it can finish alone (kernels/gemm.py `shard_partials`), the ranks gather them in
-    rank order (strict all_reduce path) and the GEMM's own merge finishes the sum (`gemm.chunk_merge`);
-    with the all_reduce op native, each rank merges its pieces and the backend sums the ranks."""
+    only) x and weight hold this rank's K slice and the result is summed over `tp_group`. Strict: each rank
+    computes the fp32 pieces of the merge it can finish alone (kernels/gemm.py `shard_partials`: its chunk
+    sums under v5's ordered merge, its subtree under the pairwise tree), the ranks gather them in rank
+    order (strict all_reduce path) and the GEMM's own merge finishes the sum (`gemm.chunk_merge`), rounded
+    once; with the all_reduce op native, each rank merges its pieces and the backend sums the ranks.
+    Native: a local GEMM plus the backend's all-reduce in the model dtype."""
     contract = _ACTIVE.get()
     if tp_size > 1 and not row_parallel:
         raise OpInputError("linear", f"tp_size={tp_size} splits K, which only a row-parallel layer does; "

@@ -10,7 +10,12 @@ TUNE_CONFIGS = {  # candidates timed beside the default plan (gemm.plan); each m
               dict(kind="swapped", BN=64, BT=16, num_warps=4, num_stages=5),
               dict(kind="swapped", BN=128, BT=16, num_warps=4, num_stages=4),
               dict(kind="swapped", BN=32, BT=64, num_warps=4, num_stages=4),
-              dict(kind="swapped", BN=128, BT=64, num_warps=8, num_stages=3)],
+              dict(kind="swapped", BN=128, BT=64, num_warps=8, num_stages=3),
+              # deeper pipelines: more weight bytes in flight a program, where N / BN programs are fewer
+              # than the SMs (8b q/k/v at M = 1: 48 programs; sm_90: 48 registers, 110 / 147 KB at 6 / 8)
+              dict(kind="swapped", BN=128, BT=16, num_warps=4, num_stages=6),
+              dict(kind="swapped", BN=128, BT=16, num_warps=4, num_stages=8),
+              dict(kind="swapped", BN=64, BT=64, num_warps=4, num_stages=6)],
     "large": [dict(kind="tiles", BM=128, BN=256, GROUP_M=8, split=True, num_warps=8, num_stages=3),
               dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3),
               dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=4),

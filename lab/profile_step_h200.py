@@ -1,0 +1,125 @@
+"""Where a step's strict/native gap lies, kernel family by family: one trainer step and a few decode
+steps of the RL-step shapes, profiled apart (the whole loop under torch.profiler is too many events:
+lab/LOG.md 2026-12-01 session 5, the profiled validation run did not finish in 166 s).
+
+For each path (strict, native): a seeded model of the shape's preset, the trainer's `train_step` on a
+batch of the shape (prompts x samples sequences of prompt + response tokens, random ids, GRPO advantages
+of +-1) once to compile, then under torch.profiler; and the embedded engine generating `--decode-tokens`
+tokens for the same number of requests (CUDA graphs as in a run), once to capture, then profiled.
+Writes OUT/profile-SHAPE-PART-PATH.txt (kernels by device time, per family and per kernel: the report of
+lab/rl_step_ratio_h200.py) and OUT/profile_step.jsonl (long-format rows: the wall time of each part and
+each family's device ms), and prints a family table strict vs native last. Nothing asserts.
+
+    python3 lab/profile_step_h200.py --out $OUT [--shape validation] [--decode-tokens 64]
+    python lab/profile_step_h200.py --dry-run --out /tmp/prof      # CPU, tiny preset
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rl_step_ratio_h200 import FAMILIES, profile_report, release_gpu_memory, step_shapes  # lab/ is this folder
+from rlkit.bench.provenance import commit
+from rlkit.rollout.engine import EmbeddedEngine
+from rlkit.rollout.types import GenerationRequest
+from rlkit.runners.base import engine_copy, seeded_model
+from rlkit.train.trainer import EmbeddedTrainer, TrainBatch
+
+
+def family_ms(prof) -> dict[str, float]:
+    gpu = torch.cuda.is_available()
+    out: dict[str, float] = {}
+    for e in prof.key_averages():
+        ms = (e.device_time_total if gpu else e.self_cpu_time_total) / 1e3
+        if ms > 0:
+            fam = next((f for sub, f in FAMILIES if sub.lower() in e.key.lower()), "other")
+            out[fam] = out.get(fam, 0.0) + ms
+    return out
+
+
+def batch_of(cfg, vocab: int, gen: torch.Generator) -> TrainBatch:
+    n = cfg.prompts_per_step * cfg.samples_per_prompt
+    plen, rlen = 143, cfg.max_tokens or 16  # 143: the validation run's mean DAPO prompt (its store)
+    seqs = [torch.randint(0, vocab, (plen + rlen,), generator=gen).tolist() for _ in range(n)]
+    return TrainBatch(seqs, [plen] * n, [torch.full((rlen,), -1.0) for _ in range(n)],
+                      [1.0 if i % 2 else -1.0 for i in range(n)], cfg.sampling_params)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def profile_part(fn, acts):
+    fn()  # compile, capture, allocator warm-up
+    sync()
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=acts) as prof:
+        fn()
+        sync()
+    return prof, time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--shape", default="validation")
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny preset")
+    a = ap.parse_args()
+    shapes = step_shapes(a.dry_run)
+    if a.shape not in shapes:
+        print(f"--shape: unknown {a.shape!r}; choose from {', '.join(shapes)}", file=sys.stderr)
+        return 2
+    a.out.mkdir(parents=True, exist_ok=True)
+    acts = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    device = "cpu (dry run)" if a.dry_run else torch.cuda.get_device_name()
+    sha, rows, fams = commit(), [], {}
+    for path in ("strict", "native"):
+        cfg = shapes[a.shape].replace(path=path).with_resolved_dtype()[0]
+        torch.set_num_threads(cfg.threads)
+        contract = cfg.contract()
+        model = seeded_model(cfg)
+        gen = torch.Generator().manual_seed(cfg.seed)
+        trainer = EmbeddedTrainer(model, contract, cfg.optim)
+        batch = batch_of(cfg, model.config.vocab_size, gen)
+        engine = EmbeddedEngine(engine_copy(model), contract, cfg.engine)
+        sampling = dataclasses.replace(cfg.sampling(), max_tokens=a.decode_tokens)
+        prompts = [tuple(s[:143]) for s in batch.sequences]
+
+        def decode() -> None:
+            engine.generate([GenerationRequest(f"r{i}", p, sampling) for i, p in enumerate(prompts)])
+
+        for part, fn in (("train", lambda: trainer.train_step(batch)), ("decode", decode)):
+            prof, wall = profile_part(fn, acts)
+            report = profile_report(prof, f"{a.shape} {part} {path}: wall {wall:.3f} s")
+            (a.out / f"profile-{a.shape}-{part}-{path}.txt").write_text(report)
+            fam = family_ms(prof)
+            fams[(part, path)] = fam | {"wall": wall * 1e3}
+            rows.append(dict(op="profile_step", impl=path, shape=f"{a.shape} {part}", metric="wall_ms",
+                             median=wall * 1e3, device=device, commit=sha))
+            rows += [dict(op="profile_step", impl=path, shape=f"{a.shape} {part}", metric=f"ms:{f}",
+                          median=ms, device=device, commit=sha) for f, ms in fam.items()]
+            print(f"{part} {path}: wall {wall:.3f} s", flush=True)
+        del trainer, engine, model
+        release_gpu_memory()
+    (a.out / "profile_step.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for part in ("train", "decode"):
+        names = sorted(set(fams[(part, "strict")]) | set(fams[(part, "native")]),
+                       key=lambda f: -fams[(part, "strict")].get(f, 0.0))
+        print(f"\n{part:6} {'family':22} {'strict ms':>10} {'native ms':>10}")
+        for f in names:
+            print(f"{part:6} {f:22} {fams[(part, 'strict')].get(f, 0.0):10.1f} {fams[(part, 'native')].get(f, 0.0):10.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
