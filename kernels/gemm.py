@@ -423,7 +423,6 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract
             compiled = _gemm_tma_kernel[grid](
                 x_desc, w_desc, ys, ws, cnt, ms, n, kc, ys.stride(0), grid[0], C=c, SPLIT=split,
                 STASH=0 if split else stash, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"], FOLD=fold,
-                ONE_LOOP=bool(cfg.get("one_loop")) and fold,
                 num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
             launches.append(_tr.Launch("tma", dict(cfg, grid=grid, C=c, BK=bk, split=split), compiled))
     else:

@@ -13,22 +13,23 @@ from __future__ import annotations
 #
 # What fixes a product's bits on the GPU, for every M: each K chunk [c*K/C, (c+1)*K/C) is summed from
 # zero by a chain of tensor-core MMAs over `k_tile`-wide steps in K order (each step is k16 MMA steps,
-# accumulated in fp32 in the instruction's fixed order); the C chunk sums meet in the pairwise tree in
-# fp32; one rounding to the output dtype. Every launcher below runs exactly that; they differ only in
-# which program computes which tile and chunk:
+# accumulated in fp32 in the instruction's fixed order); the C chunk sums meet in fp32 as the contract's
+# `gemm.chunk_merge` says (FOLD: in chunk order, v5; else the pairwise tree); one rounding to the output
+# dtype. Every launcher below runs exactly that; they differ only in which program computes which tile
+# and chunk:
 # - `_gemm_swapped_kernel` (decode, M <= 64): weights are the MMA's row operand (swap-AB), tokens its
 #   column operand, and the grid runs over N tiles x K chunks, so the weights stream at full bandwidth
 #   even for one token; the last of a tile's C programs to arrive (an atomic counter) loads the C fp32
-#   partials and adds them in the tree;
+#   partials and merges them;
 # - `_gemm_tma_kernel` (M > 64 on Hopper, bf16/fp16): a persistent grid of [BM x BN] tiles loaded by
-#   TMA; a tile's C chunk sums meet in registers or, for C = 4, with (c0 + c1) parked in the program's
-#   own fp32 slot (two accumulators live instead of three); with too few tiles, the C chunks go to C
+#   TMA; a tile's C chunk sums meet in registers (the ordered merge: two accumulators live) or, for the
+#   tree with C = 4, with (c0 + c1) parked in the program's own fp32 slot; with too few tiles, the C chunks go to C
 #   programs that combine as above (SPLIT=True). With C = 1 (contract v3's column-parallel layers) a
 #   tile is one chain over K, which is what lets it reach cuBLAS speed;
 # - `_gemm_tiles_kernel` (M > 64 elsewhere: fp32, a chunk not a whole number of K steps, C = 8, no TMA):
 #   the same with pointer loads, in registers (SPLIT=False) or split over C programs (SPLIT=True).
 # Where the chunk sums meet (registers, a slot or an fp32 workspace) and the tile shape never change a value: an
-# fp32 store/load is exact and fp32 addition is commutative, so only the tree's grouping matters, and
+# fp32 store/load is exact and fp32 addition is commutative, so only the merge's grouping matters, and
 # that is fixed. tests/gpu/test_kernels_gpu.py proves it on the H200: all launch configurations give
 # identical bits, a row alone equals the same row in batches on both sides of every threshold.
 # =====================================================================================================
@@ -243,44 +244,18 @@ def _tma_chain(x_desc, w_desc, off_m, off_n, k_lo, KC, BM: tl.constexpr, BN: tl.
 
 
 @jit
-def _tma_fold_one_loop(x_desc, w_desc, off_m, off_n, KC, C: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr):
-    """The C chunk sums of one tile added in chunk order (contract gemm.chunk_merge = "sequential") by one
-    pipelined loop over all of K: the loads of the next chunk are in flight while a chunk ends (the
-    accumulator is reset before the chunk's first step and added to the running sum after its last), at
-    the price of waiting for each step's MMA (the chunk end reads the accumulator in the loop)."""
-    steps = KC // BK
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    tot = tl.zeros((BM, BN), dtype=tl.float32)
-    for it in range(0, C * steps):
-        step = it % steps
-        a = x_desc.load([off_m, it * BK])
-        b = w_desc.load([off_n, it * BK])
-        acc = tl.where(step == 0, 0.0, acc)
-        acc = tl.dot(a, b.T, acc)
-        if step == steps - 1:
-            if it < steps:
-                tot = acc
-            else:
-                tot = tot + acc
-    return tot
-
-
-@jit
 def _tma_tree(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C: tl.constexpr, STASH: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FOLD: tl.constexpr,
-              ONE_LOOP: tl.constexpr):
+              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FOLD: tl.constexpr):
     """The C chunk sums of one tile (C in 1, 2, 4) added in the pairwise tree ((c0 + c1) + (c2 + c3)).
     Where the tree's pending operands wait (the order of additions is the same in every form):
     STASH = 0: in registers (C = 4: three accumulators live while c3 is summed); STASH = 1: (c0 + c1) in
     this program's fp32 slot s0 (two live); STASH = 2: every pending operand in slots s0/s1 (one
     accumulator live while a chunk is summed). FOLD (contract gemm.chunk_merge = "sequential"): the chunk
     sums are added in chunk order, (((c0 + c1) + c2) + c3), so two accumulators are live at most and
-    nothing waits in a slot (STASH is not read); ONE_LOOP: by `_tma_fold_one_loop`, else one pipelined
-    loop a chunk (the MMAs overlap, the pipeline drains at each chunk's end)."""
-    if FOLD and ONE_LOOP and C > 1:
-        tot = _tma_fold_one_loop(x_desc, w_desc, off_m, off_n, KC, C, BM, BN, BK)
-    elif FOLD:
+    nothing waits in a slot (STASH is not read). One pipelined loop a chunk: the MMAs overlap, the
+    pipeline drains at each chunk's end (one loop over all chunks waited for every MMA and ran at
+    0.33-0.60 of cuBLAS against 0.65-0.90: lab/LOG.md 2026-12-01 session 5)."""
+    if FOLD:
         tot = _tma_chain(x_desc, w_desc, off_m, off_n, 0, KC, BM, BN, BK)
         for c in tl.static_range(1, C):
             tot = tot + _tma_chain(x_desc, w_desc, off_m, off_n, c * KC, KC, BM, BN, BK)
@@ -319,8 +294,7 @@ def _tma_tree(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C: tl.constexpr, ST
 @jit(do_not_specialize=["M", "programs"])
 def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_y, programs,
                      C: tl.constexpr, SPLIT: tl.constexpr, STASH: tl.constexpr, BM: tl.constexpr,
-                     BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, FOLD: tl.constexpr,
-                     ONE_LOOP: tl.constexpr):
+                     BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, FOLD: tl.constexpr):
     """Hopper GEMM by TMA tiles. SPLIT=False: a persistent grid of `programs`, each walking the output
     tiles pid, pid + programs, ... in grouped order and adding a tile's C chunk sums in registers.
     SPLIT=True (few tiles, C > 1): program (tile, chunk) sums one chunk; the last of a tile's C programs
@@ -344,7 +318,7 @@ def _gemm_tma_kernel(x_desc, w_desc, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_y,
         s1 = s0 + BM * BN
         for tile in tl.range(tl.program_id(0), tiles, programs, flatten=False):
             off_m, off_n = _grouped_origin(tile, M, N, BM, BN, GROUP_M)
-            tot = _tma_tree(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C, STASH, BM, BN, BK, FOLD, ONE_LOOP)
+            tot = _tma_tree(x_desc, w_desc, off_m, off_n, KC, s0, s1, loc, C, STASH, BM, BN, BK, FOLD)
             offs_m = off_m + tl.arange(0, BM)
             offs_n = off_n + tl.arange(0, BN)
             mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)

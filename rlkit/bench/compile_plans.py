@@ -164,7 +164,6 @@ def _gemm_tma(cfg: dict, s: GemmShape, contract: NumericsContract):
                   num_stages=cfg["num_stages"], **_tr.launch_options(contract))
         return [("tma_flat", gemm._gemm_tma_flat_kernel, args, kw)]
     kw = dict(C=c["C"], SPLIT=split, STASH=stash, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"], FOLD=c["FOLD"],
-              ONE_LOOP=bool(cfg.get("one_loop")) and c["FOLD"],
               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_tr.launch_options(contract))
     return [("tma", gemm._gemm_tma_kernel, args, kw)]
 

@@ -36,15 +36,9 @@ TUNE_CONFIGS = {  # candidates timed beside the default plan (gemm.plan); each m
               dict(kind="tma", BM=64, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=4)],
     "row_parallel": [  # contract v5's ordered merge: two accumulators at most in every form
         dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=3),
-        dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, one_loop=True, num_warps=8, num_stages=4),
-        dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, one_loop=True, num_warps=8, num_stages=3),
         dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, num_warps=4, num_stages=4, programs_per_sm=2),
         dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, num_warps=4, num_stages=5, programs_per_sm=2),
-        dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, one_loop=True, num_warps=4, num_stages=4,
-             programs_per_sm=2),
         dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=False, num_warps=4, num_stages=4, programs_per_sm=2),
-        dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=False, one_loop=True, num_warps=4, num_stages=4,
-             programs_per_sm=2),
         dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, num_warps=4, num_stages=4),
         # the flat loop over (tile, chunk, K step): no drain between tiles either, but each MMA waited for
         dict(kind="tma", flat=True, BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=4),

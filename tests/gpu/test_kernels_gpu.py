@@ -93,11 +93,9 @@ CONFIGS = [
     dict(kind="tma", flat=True, BM=128, BN=64, GROUP_M=8, split=False, stash=0, num_warps=8, num_stages=4),
     dict(kind="tma", flat=True, BM=128, BN=128, GROUP_M=8, split=False, stash=1, num_warps=8, num_stages=4),
     dict(kind="tma", flat=True, BM=128, BN=128, GROUP_M=8, split=False, stash=2, num_warps=8, num_stages=4),
-    # v5's ordered merge: every chunk of a tile in one pipelined loop (one_loop), 128 x 64 two a SM
-    dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, one_loop=True, num_warps=8, num_stages=4),
+    # v5's plans: 64 x 128 / 128 x 64 two an SM (two accumulators in registers), the flat loop at 3 stages
     dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, num_warps=4, num_stages=4, programs_per_sm=2),
-    dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, one_loop=True, num_warps=4, num_stages=4,
-         programs_per_sm=2),
+    dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=False, num_warps=4, num_stages=4, programs_per_sm=2),
     dict(kind="tma", flat=True, BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=3),
 ]
 ONE_CHAIN_ONLY = [dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3),

@@ -94,7 +94,6 @@ def test_gemm_rows_alone_and_tp_subtrees():
     dict(kind="tiles", BM=64, BN=64, GROUP_M=2, split=False, num_warps=4, num_stages=2),   # registers
     dict(kind="tiles", BM=64, BN=64, GROUP_M=2, split=True, num_warps=4, num_stages=2),
     dict(kind="tma", BM=64, BN=64, GROUP_M=2, split=False, num_warps=4, num_stages=2),
-    dict(kind="tma", BM=64, BN=64, GROUP_M=2, split=False, one_loop=True, num_warps=4, num_stages=2),
     dict(kind="tma", BM=64, BN=64, GROUP_M=2, split=True, num_warps=4, num_stages=2),
     dict(kind="tma", flat=True, BM=64, BN=64, GROUP_M=2, split=False, num_warps=4, num_stages=2)])
 def test_gemm_v5_kernels_merge_chunks_in_order(cfg):
@@ -124,8 +123,6 @@ TMA_CONFIGS = [  # the Hopper TMA kernel (fp16 here: the interpreter computes bf
     dict(kind="tma", flat=True, BM=32, BN=64, GROUP_M=1, split=False, stash=1, num_warps=4, num_stages=2),
     dict(kind="tma", flat=True, BM=64, BN=32, GROUP_M=2, split=False, stash=2, num_warps=4, num_stages=2,
          programs_per_sm=1),
-    # v5's ordered merge in one pipelined loop a tile (under v4 the same as the nested form)
-    dict(kind="tma", BM=64, BN=64, GROUP_M=2, split=False, one_loop=True, num_warps=4, num_stages=2),
 ]
 
 
