@@ -205,12 +205,18 @@ def native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionL
         return _native_decode(q, k, v, layout)
     outs = []
     heads, kv_heads = q.shape[1], k.shape[-2]
+    # on CUDA as [1, H, n, d]: SDPA's fused kernels (flash, memory-efficient) take 4-D inputs only; 3-D
+    # ones run its math backend, which holds the H x n x n scores (and keeps them for backward). The CPU
+    # keeps the math form, HF's eager attention.
+    fused = q.is_cuda
     for i in range(layout.num_seqs):
         lo, hi = int(layout.cu_seqlens_q[i]), int(layout.cu_seqlens_q[i + 1])
         kk, vv = gather_keys(k, v, layout, i)
         qi = q[lo:hi].transpose(0, 1)  # [H, n, d]
         ki = kk.transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
         vi = vv.transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        if fused:
+            qi, ki, vi = qi[None], ki[None], vi[None]
         start = int(layout.query_start[i])
         if start == 0:
             o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True)
@@ -218,7 +224,7 @@ def native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionL
             q_pos = torch.arange(start, start + (hi - lo), device=q.device)
             mask = torch.arange(kk.shape[0], device=q.device)[None, :] <= q_pos[:, None]
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask)
-        outs.append(o.transpose(0, 1))
+        outs.append((o[0] if fused else o).transpose(0, 1))
     return torch.cat(outs)
 
 

@@ -85,7 +85,8 @@ def main() -> int:
     sha, rows, fams = commit(), [], {}
     for path in ("strict", "native"):
         cfg = shapes[a.shape].replace(path=path).with_resolved_dtype()[0]
-        torch.set_num_threads(cfg.threads)
+        if cfg.threads:  # 0: torch's default
+            torch.set_num_threads(cfg.threads)
         contract = cfg.contract()
         model = seeded_model(cfg)
         gen = torch.Generator().manual_seed(cfg.seed)
