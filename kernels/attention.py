@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -83,11 +85,26 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Atte
             raise OpInputError(OP, "packed keys: each sequence needs exactly context_lens keys")
 
 
-def gather_keys(k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, i: int):
-    """Keys/values of sequence i at positions 0..context_lens[i]-1: [ctx, kv_heads, head_dim]."""
-    ctx = int(layout.context_lens[i])
+def host_bounds(layout: AttentionLayout) -> dict[str, list[int]]:
+    """The layout's per-sequence bounds as host lists, read in one device-to-host copy (a loop over the
+    sequences then reads no device value: one sync a call, not several a sequence)."""
+    parts = {"cu_q": layout.cu_seqlens_q, "query_start": layout.query_start, "context_lens": layout.context_lens}
+    if layout.cu_seqlens_k is not None:
+        parts["cu_k"] = layout.cu_seqlens_k
+    flat = torch.cat([t.reshape(-1).to(torch.int64) for t in parts.values()]).tolist()
+    out, at = {}, 0
+    for name, t in parts.items():
+        out[name], at = flat[at : at + t.numel()], at + t.numel()
+    return out
+
+
+def gather_keys(k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout, i: int,
+                bounds: dict[str, list[int]] | None = None):
+    """Keys/values of sequence i at positions 0..context_lens[i]-1: [ctx, kv_heads, head_dim].
+    bounds: `host_bounds(layout)`, when the caller has read them."""
+    ctx = bounds["context_lens"][i] if bounds else int(layout.context_lens[i])
     if not layout.paged_keys:
-        lo = int(layout.cu_seqlens_k[i])
+        lo = bounds["cu_k"][i] if bounds else int(layout.cu_seqlens_k[i])
         return k[lo : lo + ctx], v[lo : lo + ctx]
     page = k.shape[1]
     pages = layout.block_table[i, : (ctx + page - 1) // page].to(torch.int64)
@@ -196,8 +213,10 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Attenti
 
 
 def native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
-    """torch SDPA per sequence (causal, or an explicit mask when queries start past position 0); a
-    decode layout runs as one batched SDPA over the gathered pages."""
+    """The native control. A packed causal prefill on CUDA: one varlen flash call (as a trainer runs
+    it); otherwise torch SDPA per sequence (causal, or an explicit mask when queries start past position
+    0; on CUDA its fused kernels, on the CPU its math form); a decode layout: the paged flash-decoding
+    kernel on CUDA, one batched SDPA over the gathered pages elsewhere."""
     check_inputs(q, k, v, layout)
     if layout.one_query_per_seq:
         if _tr.on_gpu(q, k, v) and q.dtype in (torch.bfloat16, torch.float16) and q.shape[1] // k.shape[-2] <= NATIVE_DECODE_TILE[0]:
@@ -205,19 +224,25 @@ def native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionL
         return _native_decode(q, k, v, layout)
     outs = []
     heads, kv_heads = q.shape[1], k.shape[-2]
-    # on CUDA as [1, H, n, d]: SDPA's fused kernels (flash, memory-efficient) take 4-D inputs only; 3-D
-    # ones run its math backend, which holds the H x n x n scores (and keeps them for backward). The CPU
-    # keeps the math form, HF's eager attention.
+    bounds = host_bounds(layout)
+    if varlen_prefill_ok(q, layout, bounds):
+        try:
+            return native_varlen_prefill(q, k, v, layout, bounds)
+        except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
+            _varlen_refused(e)
+    # on CUDA as [1, H, n, d]: SDPA's fused kernels (flash, cuDNN, memory-efficient) take 4-D inputs
+    # only; 3-D ones run its math backend, which holds the H x n x n scores (and keeps them for
+    # backward). The CPU keeps the math form, HF's eager attention.
     fused = q.is_cuda
     for i in range(layout.num_seqs):
-        lo, hi = int(layout.cu_seqlens_q[i]), int(layout.cu_seqlens_q[i + 1])
-        kk, vv = gather_keys(k, v, layout, i)
+        lo, hi = bounds["cu_q"][i], bounds["cu_q"][i + 1]
+        kk, vv = gather_keys(k, v, layout, i, bounds)
         qi = q[lo:hi].transpose(0, 1)  # [H, n, d]
         ki = kk.transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
         vi = vv.transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
         if fused:
             qi, ki, vi = qi[None], ki[None], vi[None]
-        start = int(layout.query_start[i])
+        start = bounds["query_start"][i]
         if start == 0:
             o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True)
         else:
@@ -226,6 +251,59 @@ def native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionL
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask)
         outs.append((o[0] if fused else o).transpose(0, 1))
     return torch.cat(outs)
+
+
+def _varlen_attn():
+    """torch's varlen flash attention (`torch.nn.attention.varlen.varlen_attn`) and how this torch spells
+    "causal" (torch 2.10: is_causal=True; later: window_size=(-1, 0)), or None where it is absent."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    names = inspect.signature(varlen_attn).parameters
+    if "window_size" in names:
+        causal = {"window_size": (-1, 0)}
+    elif "is_causal" in names:
+        causal = {"is_causal": True}
+    else:
+        return None
+    return varlen_attn, causal, "enable_gqa" in names
+
+
+def varlen_prefill_ok(q, layout: AttentionLayout, bounds: dict[str, list[int]]) -> bool:
+    """A packed causal prefill of fp16/bf16 CUDA tensors, every sequence from position 0, and a torch
+    with varlen flash attention: the one-launch native form serves it."""
+    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and not layout.paged_keys
+            and not any(bounds["query_start"]) and _VARLEN is not None)
+
+
+def native_varlen_prefill(q, k, v, layout: AttentionLayout, bounds: dict[str, list[int]]) -> torch.Tensor:
+    """The native packed prefill on CUDA as a trainer runs it: every sequence in one varlen flash call
+    (FlashAttention's own schedule; its backward is flash's too). K/V are expanded to the query heads
+    where this torch's wrapper takes no `enable_gqa`."""
+    varlen_attn, causal, takes_gqa = _VARLEN
+    cu = layout.cu_seqlens_q.to(device=q.device, dtype=torch.int32)
+    lens = [b - a for a, b in zip(bounds["cu_q"], bounds["cu_q"][1:])]
+    longest = max(lens, default=0)
+    group = q.shape[1] // k.shape[-2]
+    extra = {}
+    if group > 1 and takes_gqa:
+        extra["enable_gqa"] = True
+    elif group > 1:
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    return varlen_attn(q, k, v, cu, cu, longest, longest, **causal, **extra)
+
+
+_VARLEN = _varlen_attn()
+
+
+def _varlen_refused(error: Exception) -> None:
+    """This torch's varlen flash refused a call: say so once and loop over the sequences from now on
+    (tests/gpu/test_native_kernels_gpu.py fails where this happens)."""
+    global _VARLEN
+    _VARLEN = None
+    warnings.warn(f"native attention: varlen flash attention refused a packed prefill ({type(error).__name__}: "
+                  f"{error}); the native path runs SDPA a sequence at a time", RuntimeWarning, stacklevel=3)
 
 
 def _native_decode(q, k, v, layout: AttentionLayout) -> torch.Tensor:

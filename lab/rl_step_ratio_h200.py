@@ -202,7 +202,10 @@ def main() -> int:
     for name in a.shapes.split(","):
         result = {}
         for path in paths:
-            cfg = shapes[name].replace(steps=a.steps, path=path)
+            # no checkpoints: a timing run never resumes, and the last step's save of a 1.7b trainer (bf16
+            # weights, fp32 masters, AdamW state: ~24 GB a path) filled the device's disk for the next
+            # command of the call (lab/LOG.md 2026-12-01 session 6); step_s never included it
+            cfg = shapes[name].replace(steps=a.steps, path=path, checkpoint_every=0)
             t0 = time.time()
             if a.profile:
                 acts = [torch.profiler.ProfilerActivity.CPU] + (

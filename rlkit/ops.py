@@ -16,7 +16,8 @@ task (a ContextVar), so a dashboard thread and a training thread never see each 
 
 Native paths are the control: HF's eager torch ops on the CPU and under autograd; on CUDA without a
 gradient what a serving engine runs (fused Triton RMSNorm + residual, RoPE from a cached table, silu * up,
-the paged flash-decoding), and native logprobs above 4,096 rows in row chunks (kernels/logprob.py
+the paged flash-decoding), on CUDA a packed prefill's attention as one varlen flash call with or
+without a gradient (a trainer's attention), and native logprobs above 4,096 rows in row chunks (kernels/logprob.py
 `native_chunked`). `native_backend(device)` names the control they stand for on that device
 (rlkit/native_backends.py: torch-cpu, torch-cuda, and on ROCm `amd-aiter`, which these ops do not call:
 not exercised here).

@@ -158,3 +158,41 @@ def test_the_engine_decode_graph_captures_the_fused_native_kernels(monkeypatch):
     assert all(n > 0 for n in calls.values()), calls
     for r in results:
         assert r.token_ids and all(torch.isfinite(torch.tensor(r.raw_logprobs))), r.request_id
+
+
+def _per_sequence_fp32(q, k, v, lens):
+    """Causal GQA attention per sequence in fp32 (SDPA on [1, H, n, d]): the truth for the native forms."""
+    outs, at, group = [], 0, q.shape[1] // k.shape[1]
+    for n in lens:
+        qi, ki, vi = (t[at : at + n].float().transpose(0, 1)[None] for t in (q, k, v))
+        ki, vi = ki.repeat_interleave(group, 1), vi.repeat_interleave(group, 1)
+        outs.append(torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, is_causal=True)[0].transpose(0, 1))
+        at += n
+    return torch.cat(outs)
+
+
+def test_native_packed_prefill_is_one_varlen_flash_call_close_forward_and_backward():
+    """The trainer's native attention: a packed causal prefill runs as one varlen flash call (causal,
+    sequences kept apart, GQA), close to per-sequence fp32 attention in value and in gradient."""
+    from rlkit.types import AttentionLayout
+    from rlkit.kernels import attention
+
+    lens = [5, 300, 129, 1024]
+    t, heads, kv_heads, d = sum(lens), 16, 8, 128
+    q, k, v = randn(t, heads, d, seed=11), randn(t, kv_heads, d, seed=12), randn(t, kv_heads, d, seed=13)
+    cu = torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], device=DEV)
+    layout = AttentionLayout.prefill(cu)
+    assert attention.varlen_prefill_ok(q, layout, attention.host_bounds(layout)), (
+        f"this torch ({torch.__version__}) has no varlen flash attention: the native prefill loops instead")
+    out = attention.native(q, k, v, layout)
+    assert attention._VARLEN is not None, "varlen flash refused the call (see the warning)"
+    want = _per_sequence_fp32(q, k, v, lens)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert rel(out, want) < 1e-2, rel(out, want)
+    leaves = [t_.clone().requires_grad_(True) for t_ in (q, k, v)]
+    ref_leaves = [t_.float().clone().requires_grad_(True) for t_ in (q, k, v)]
+    g = randn(t, heads, d, seed=14)
+    attention.native(*leaves, layout).backward(g)
+    _per_sequence_fp32(*ref_leaves, lens).backward(g.float())
+    for name, a, b in zip("qkv", leaves, ref_leaves):
+        assert rel(a.grad, b.grad) < 2e-2, (name, rel(a.grad, b.grad))
