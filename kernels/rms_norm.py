@@ -9,9 +9,12 @@ in fp32 and rounded once (`float32`). Each row is computed from its own values o
 GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors); it reads
 `rms_norm.weight_multiply` (both values) and `gpu.fp_fusion`, and covers every contract.
 
-Native: HF's eager RMSNorm (`native_eager`) on the CPU and under autograd; on CUDA without a gradient
-the fused residual-add + RMSNorm kernel (`triton_native_rms_norm`, one launch as vLLM's fused_add_rms_norm),
-with HF's roundings and a free reduction order: the native control's bits answer to nothing.
+Native: HF's eager RMSNorm (`native_eager`) on the CPU; on CUDA the fused residual-add + RMSNorm kernel
+(`triton_native_rms_norm`, one launch as vLLM's fused_add_rms_norm; under autograd with the fused
+backward), with HF's roundings and a free reduction order: the native control's bits answer to nothing.
+
+Backward (`backward`): one for both paths, HF's formula; fused on CUDA (`triton_backward`), autograd over
+`native_eager` elsewhere; not in the contract.
 """
 
 from __future__ import annotations
@@ -57,9 +60,13 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float, contract: Numer
 
 
 def native(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """The native control: on CUDA without autograd, the fused residual-add + RMSNorm kernel a serving
-    engine runs (`triton_native_rms_norm`); otherwise (CPU, or a gradient needed) `native_eager`."""
-    if _tr.on_gpu(x, weight) and not _needs_grad(x, weight, residual):
+    """The native control: on CUDA the fused residual-add + RMSNorm kernel a serving engine runs
+    (`triton_native_rms_norm`; under autograd with the fused backward, as a trainer's fused norm); on the
+    CPU `native_eager`."""
+    if _tr.on_gpu(x, weight):
+        if _needs_grad(x, weight, residual):
+            y, s = _NativeFusedRmsNorm.apply(x, weight, residual, eps)
+            return y if residual is None else (y, s)
         return triton_native_rms_norm(x, weight, eps, residual)
     return native_eager(x, weight, eps, residual)
 
@@ -150,9 +157,34 @@ def triton_rms_norm(x, weight, eps, contract, residual=None):
     return y if residual is None else (y, s.view(x.shape))
 
 
+def backward(x, weight, residual, eps, gy, gs):
+    """Gradients of HF's RMSNorm (the sum x + residual rounded to the model dtype, x * rstd rounded
+    before the weight multiply) at x, weight, residual: (gx, gw, g_residual or None). gs: the gradient
+    reaching the sum output (None or empty when unused). On CUDA one fused launch (`triton_backward`);
+    elsewhere HF's formula re-run by torch autograd. Both paths' autograd use it (no part of the contract:
+    gradients are not compared, and one backward keeps a training step's strict/native ratio the price of
+    the forward)."""
+    has_gs = gs is not None and gs.numel() > 0
+    if _tr.on_gpu(x, weight, gy):
+        gx, gw = triton_backward(x, weight, residual, eps, gy, gs if has_gs else None)
+        return gx, gw, (gx if residual is not None else None)
+    with torch.enable_grad():
+        xx = x.detach().requires_grad_(True)
+        ww = weight.detach().requires_grad_(True)
+        rr = residual.detach().requires_grad_(True) if residual is not None else None
+        s = xx + rr if rr is not None else xx
+        y = native_eager(s, ww, eps)
+        outs, grads = [y], [gy]
+        if rr is not None and has_gs:
+            outs.append(s)
+            grads.append(gs)
+        inputs = [xx, ww] + ([rr] if rr is not None else [])
+        g = torch.autograd.grad(outs, inputs, grads, allow_unused=True)
+    return g[0], g[1], (g[2] if rr is not None else None)
+
+
 class _StrictRmsNorm(torch.autograd.Function):
-    """Forward: the strict kernel (Triton on CUDA, the reference elsewhere). Backward: the native formula
-    re-run by torch autograd."""
+    """Forward: the strict kernel (Triton on CUDA, the reference elsewhere). Backward: `backward`."""
 
     @staticmethod
     def forward(ctx, x, weight, residual, eps, contract):
@@ -165,19 +197,24 @@ class _StrictRmsNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, gs):
         x, weight, residual = ctx.saved_tensors
-        with torch.enable_grad():
-            xx = x.detach().requires_grad_(True)
-            ww = weight.detach().requires_grad_(True)
-            rr = residual.detach().requires_grad_(True) if ctx.has_res else None
-            s = xx + rr if ctx.has_res else xx
-            y = native_eager(s, ww, ctx.eps)
-            outs, grads = [y], [gy]
-            if ctx.has_res and gs is not None and gs.numel():
-                outs.append(s)
-                grads.append(gs)
-            inputs = [xx, ww] + ([rr] if ctx.has_res else [])
-            g = torch.autograd.grad(outs, inputs, grads, allow_unused=True)
-        return g[0], g[1], (g[2] if ctx.has_res else None), None, None
+        return (*backward(x, weight, residual if ctx.has_res else None, ctx.eps, gy, gs), None, None)
+
+
+class _NativeFusedRmsNorm(torch.autograd.Function):
+    """The native control under autograd on CUDA: the fused (residual-add +) RMSNorm forward, the shared
+    fused backward (as a trainer's fused norm kernels)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, residual, eps):
+        ctx.save_for_backward(x, weight, residual if residual is not None else x)
+        ctx.has_res, ctx.eps = residual is not None, eps
+        out = triton_native_rms_norm(x, weight, eps, residual)
+        return out if residual is not None else (out, x.new_empty(0))
+
+    @staticmethod
+    def backward(ctx, gy, gs):
+        x, weight, residual = ctx.saved_tensors
+        return (*backward(x, weight, residual if ctx.has_res else None, ctx.eps, gy, gs), None)
 
 
 def strict(x, weight, eps, contract, residual=None):
@@ -230,3 +267,68 @@ def triton_native_rms_norm(x, weight, eps, residual=None):
             BLOCK_H=block_h, num_warps=warps)
     y = y.view(x.shape)
     return y if residual is None else (y, s.view(x.shape))
+
+
+# =====================================================================================================
+# Backward (GPU), both paths': a program walks row tiles pid, pid + G, ... (G programs, a function of the
+# row count alone), keeps its share of the weight gradient in registers and stores it as one fp32 row of a
+# [G, H] buffer that torch then sums: deterministic, no atomics. fp32 math; HF's forward roundings
+# replayed (the bf16 sum, x * rstd rounded before the weight multiply); no bit of it is in the contract.
+# =====================================================================================================
+BACKWARD_PROGRAMS = 512
+"""At most this many programs (G) for the backward: enough to fill an H200's 132 SMs several times over,
+few enough that the weight gradient's partial rows stay small (G x H fp32)."""
+
+
+@jit
+def _rms_norm_backward_kernel(x_ptr, r_ptr, w_ptr, gy_ptr, gs_ptr, gx_ptr, gw_ptr, n_rows, H, n_tiles, eps,
+                              HAS_RES: tl.constexpr, HAS_GS: tl.constexpr, ROWS: tl.constexpr,
+                              BLOCK_H: tl.constexpr):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_H)
+    col_ok = cols < H
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    gw = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for tile in range(pid, n_tiles, tl.num_programs(0)):
+        rows = tile * ROWS + tl.arange(0, ROWS)
+        mask = (rows[:, None] < n_rows) & col_ok[None, :]
+        offs = rows[:, None].to(tl.int64) * H + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+        if HAS_RES:
+            r = tl.load(r_ptr + offs, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        xf = x.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=1) / H + eps)
+        normed = xf * rstd[:, None]
+        rounded = normed.to(x_ptr.dtype.element_ty).to(tl.float32)
+        gy = tl.load(gy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        gw += tl.sum(gy * rounded, axis=0)
+        gn = gy * w[None, :]
+        dot = tl.sum(gn * xf, axis=1) / H
+        gx = gn * rstd[:, None] - xf * (rstd * rstd * rstd * dot)[:, None]
+        if HAS_GS:
+            gx += tl.load(gs_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(gx_ptr + offs, gx.to(gx_ptr.dtype.element_ty), mask=mask)
+    tl.store(gw_ptr + pid * H + cols, gw, mask=col_ok)
+
+
+def triton_backward(x, weight, residual, eps, gy, gs=None):
+    """The fused RMSNorm backward: (gx, gw); gx is also the residual's gradient (the sum's)."""
+    check_inputs(x, weight, residual)
+    h = x.shape[-1]
+    x2, r2, _, _ = _row_buffers(x, residual)
+    gy2 = gy.reshape(-1, h).contiguous()
+    gs2 = gs.reshape(-1, h).contiguous() if gs is not None else gy2
+    gx = torch.empty_like(x2)
+    rows, block_h, warps = _tile(h)
+    n = x2.shape[0]
+    tiles = _tr.cdiv(n, rows)
+    programs = max(1, min(tiles, BACKWARD_PROGRAMS))
+    partial = torch.empty(programs, h, dtype=torch.float32, device=x.device)
+    if n:
+        _rms_norm_backward_kernel[(programs,)](
+            x2, r2, weight, gy2, gs2, gx, partial, n, h, tiles, float(eps), HAS_RES=residual is not None,
+            HAS_GS=gs is not None, ROWS=rows, BLOCK_H=block_h, num_warps=warps)
+    else:
+        partial.zero_()
+    return gx.view(x.shape), partial.sum(0).to(weight.dtype)

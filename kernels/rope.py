@@ -93,12 +93,14 @@ def reference(x: torch.Tensor, positions: torch.Tensor, theta: float,
 
 
 def native(x: torch.Tensor, positions: torch.Tensor, theta: float, max_position: int | None = None) -> torch.Tensor:
-    """The native control: on CUDA without autograd, RoPE from a cached cos/sin table in one launch
-    (`triton_native_rope`, as a serving engine runs it); otherwise (CPU, a gradient needed, a head_dim
-    that is not a power of two) HF's eager rotation (`native_eager`). `max_position`: as `triton_rope`."""
+    """The native control: on CUDA RoPE from a cached cos/sin table in one launch (`triton_native_rope`,
+    as a serving engine runs it; under autograd with `backward`, the same kernel rotating back);
+    otherwise (CPU, a head_dim that is not a power of two) HF's eager rotation (`native_eager`).
+    `max_position`: as `triton_rope`."""
     d = x.shape[-1]
-    if (_tr.on_gpu(x, positions) and not (torch.is_grad_enabled() and x.requires_grad)
-            and d >= 2 and d & (d - 1) == 0):
+    if _tr.on_gpu(x, positions) and d >= 2 and d & (d - 1) == 0:
+        if torch.is_grad_enabled() and x.requires_grad:
+            return _NativeFusedRope.apply(x, positions, theta, max_position)
         return triton_native_rope(x, positions, theta, max_position)
     return native_eager(x, positions, theta)
 
@@ -180,35 +182,60 @@ def triton_rope(x, positions, theta, contract, max_position: int | None = None):
     return y
 
 
+def backward(gy: torch.Tensor, positions: torch.Tensor, theta: float, max_position: int | None = None):
+    """The gradient of a rotation is the inverse rotation, rope at -angle = x*cos - rotate_half(x)*sin.
+    On CUDA (power-of-two head_dim) the native kernel from the cached table with sin negated, one launch;
+    elsewhere fp32 torch ops over this module's tables. Both paths' autograd use it; not in the contract."""
+    d = gy.shape[-1]
+    if _tr.on_gpu(gy, positions) and d >= 2 and d & (d - 1) == 0:
+        return triton_native_rope(gy, positions, theta, max_position, inverse=True)
+    cos, sin = tables(int(positions.max()) + 1, d, theta, gy.device)
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    g = gy.float()
+    half = d // 2
+    # d/dx of x*c + rot(x)*s: g*c + rot^T(g*s), rot^T(z) = [z[half:], -z[:half]]
+    gs = g * s
+    gx = g * c + torch.cat([gs[..., half:], -gs[..., :half]], dim=-1)
+    return gx.to(gy.dtype)
+
+
 class _StrictRope(torch.autograd.Function):
-    """Backward of a rotation is the inverse rotation: rope at -angle = x*cos - rotate_half(x)*sin."""
+    """Forward: the strict rotation. Backward: `backward` (the inverse rotation)."""
 
     @staticmethod
-    def forward(ctx, x, positions, theta, contract):
+    def forward(ctx, x, positions, theta, contract, max_position):
         ctx.save_for_backward(positions)
-        ctx.theta = theta
+        ctx.theta, ctx.max_position = theta, max_position
         if _tr.on_gpu(x, positions):
-            return triton_rope(x, positions, theta, contract)
+            return triton_rope(x, positions, theta, contract, max_position)
         return reference(x, positions, theta, contract)
 
     @staticmethod
     def backward(ctx, gy):
         (positions,) = ctx.saved_tensors
-        cos, sin = tables(int(positions.max()) + 1, gy.shape[-1], ctx.theta, gy.device)
-        c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
-        g = gy.float()
-        half = g.shape[-1] // 2
-        # d/dx of x*c + rot(x)*s: g*c + rot^T(g*s), rot^T(z) = [z[half:], -z[:half]]
-        gs = g * s
-        gx = g * c + torch.cat([gs[..., half:], -gs[..., :half]], dim=-1)
-        return gx.to(gy.dtype), None, None, None
+        return backward(gy, positions, ctx.theta, ctx.max_position), None, None, None, None
+
+
+class _NativeFusedRope(torch.autograd.Function):
+    """The native control under autograd on CUDA: the cached-table kernel forward, `backward` back."""
+
+    @staticmethod
+    def forward(ctx, x, positions, theta, max_position):
+        ctx.save_for_backward(positions)
+        ctx.theta, ctx.max_position = theta, max_position
+        return triton_native_rope(x, positions, theta, max_position)
+
+    @staticmethod
+    def backward(ctx, gy):
+        (positions,) = ctx.saved_tensors
+        return backward(gy, positions, ctx.theta, ctx.max_position), None, None, None
 
 
 def strict(x, positions, theta, contract, max_position: int | None = None):
     """Strict RoPE: the Triton kernel for CUDA tensors, the reference otherwise; under autograd the same
     forward with the exact inverse rotation as backward. `max_position`: see `triton_rope`."""
     if torch.is_grad_enabled() and x.requires_grad:
-        return _StrictRope.apply(x, positions, theta, contract)
+        return _StrictRope.apply(x, positions, theta, contract, max_position)
     if _tr.on_gpu(x, positions):
         return triton_rope(x, positions, theta, contract, max_position)
     return reference(x, positions, theta, contract)
@@ -222,7 +249,7 @@ def strict(x, positions, theta, contract, max_position: int | None = None):
 # =====================================================================================================
 @jit
 def _native_rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, y_ptr, heads, stride_t, stride_h,
-                        D: tl.constexpr, BH: tl.constexpr):
+                        D: tl.constexpr, BH: tl.constexpr, INVERSE: tl.constexpr = False):
     t = tl.program_id(0)
     hs = tl.arange(0, BH)
     ds = tl.arange(0, D)
@@ -236,13 +263,16 @@ def _native_rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, y_ptr, heads, stride_t
     p = tl.load(pos_ptr + t).to(tl.int64)
     c = tl.load(cos_ptr + p * D + ds).to(tl.float32)
     s = tl.load(sin_ptr + p * D + ds).to(tl.float32)
+    if INVERSE:  # the rotation by -angle: the gradient of the forward one
+        s = -s
     out = y_ptr + t.to(tl.int64) * heads * D + hs[:, None] * D + ds[None, :]
     tl.store(out, (x * c[None, :] + xr * s[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def triton_native_rope(x, positions, theta, max_position: int | None = None):
+def triton_native_rope(x, positions, theta, max_position: int | None = None, inverse: bool = False):
     """The native control's RoPE from the cached table (power-of-two head_dim). `max_position`: a bound
-    the caller guarantees; without it the positions are read on the host (not under graph capture)."""
+    the caller guarantees; without it the positions are read on the host (not under graph capture).
+    inverse: rotate by -angle (RoPE's backward)."""
     check_inputs(x, positions)
     t, heads, d = x.shape
     y = torch.empty(t, heads, d, dtype=x.dtype, device=x.device)
@@ -253,5 +283,5 @@ def triton_native_rope(x, positions, theta, max_position: int | None = None):
         if x.stride(-1) != 1:
             x = x.contiguous()
         _native_rope_kernel[(t,)](x, positions, cos, sin, y, heads, x.stride(0), x.stride(1), D=d,
-                                  BH=_tr.next_pow2(heads), num_warps=4)
+                                  BH=_tr.next_pow2(heads), INVERSE=inverse, num_warps=4)
     return y

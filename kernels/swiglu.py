@@ -8,9 +8,11 @@ in fp32; one rounding to the model dtype. Purely elementwise: batch-invariant.
 GPU: the Triton kernel at the end of this file (`strict(...)` picks it for CUDA tensors); it reads
 `gpu.fp_fusion` (launch options) and covers every contract.
 
-Native: HF's eager act_fn(gate) * up (`native_eager`, two launches) on the CPU and under autograd; on
-CUDA without a gradient one fused launch (`triton_native_swiglu`) with HF's two roundings: the native
+Native: HF's eager act_fn(gate) * up (`native_eager`, two launches) on the CPU; on CUDA one fused launch
+(`triton_native_swiglu`) with HF's two roundings, under autograd with the fused backward: the native
 control's bits answer to nothing.
+
+Backward (`backward`): one for both paths, fp32, fused on CUDA (`triton_backward`); not in the contract.
 """
 
 from __future__ import annotations
@@ -41,9 +43,12 @@ def reference(gate: torch.Tensor, up: torch.Tensor, contract: NumericsContract) 
 
 
 def native(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """The native control: on CUDA without autograd, one fused silu(gate) * up launch
-    (`triton_native_swiglu`, vLLM's silu_and_mul); otherwise (CPU, a gradient needed) `native_eager`."""
-    if _tr.on_gpu(gate, up) and not (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)):
+    """The native control: on CUDA one fused silu(gate) * up launch (`triton_native_swiglu`, vLLM's
+    silu_and_mul; under autograd with the fused backward, as a trainer's fused SwiGLU); on the CPU
+    `native_eager`."""
+    if _tr.on_gpu(gate, up):
+        if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+            return _NativeFusedSwiGLU.apply(gate, up)
         return triton_native_swiglu(gate, up)
     return native_eager(gate, up)
 
@@ -86,6 +91,20 @@ def triton_swiglu(gate, up, contract):
     return y
 
 
+def backward(gate: torch.Tensor, up: torch.Tensor, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """d/d gate and d/d up of silu(gate) * up, in fp32, rounded once to the inputs' dtype: one fused
+    launch on CUDA (`triton_backward`), torch ops elsewhere. Both paths' autograd use it (the backward is
+    no part of the contract: gradients are not compared, and one backward for strict and native keeps a
+    training step's strict/native ratio the price of the forward alone)."""
+    if _tr.on_gpu(gate, up, gy):
+        return triton_backward(gate, up, gy)
+    g, u, d = gate.float(), up.float(), gy.float()
+    sig = torch.sigmoid(g)
+    d_gate = d * u * sig * (1 + g * (1 - sig))
+    d_up = d * g * sig
+    return d_gate.to(gate.dtype), d_up.to(up.dtype)
+
+
 class _StrictSwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, contract):
@@ -97,11 +116,22 @@ class _StrictSwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         gate, up = ctx.saved_tensors
-        g, u, d = gate.float(), up.float(), gy.float()
-        sig = torch.sigmoid(g)
-        d_gate = d * u * sig * (1 + g * (1 - sig))
-        d_up = d * g * sig
-        return d_gate.to(gate.dtype), d_up.to(up.dtype), None
+        return (*backward(gate, up, gy), None)
+
+
+class _NativeFusedSwiGLU(torch.autograd.Function):
+    """The native control under autograd on CUDA: the fused forward a trainer's kernel library runs, the
+    shared fused backward."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return triton_native_swiglu(gate, up)
+
+    @staticmethod
+    def backward(ctx, gy):
+        gate, up = ctx.saved_tensors
+        return backward(gate, up, gy)
 
 
 def strict(gate, up, contract):
@@ -137,3 +167,30 @@ def triton_native_swiglu(gate, up):
     if n:
         _native_swiglu_kernel[(_tr.cdiv(n, BLOCK),)](g, u, y, n, BLOCK=BLOCK, num_warps=4)
     return y
+
+
+# =====================================================================================================
+# Backward (GPU), both paths': elementwise, fp32 math, one rounding of each gradient (torch's formula
+# with Triton's sigmoid; no bit of it is in the contract).
+# =====================================================================================================
+@jit
+def _swiglu_backward_kernel(g_ptr, u_ptr, dy_ptr, dg_ptr, du_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    d = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    sig = tl.sigmoid(g)
+    tl.store(dg_ptr + offs, (d * u * sig * (1.0 + g * (1.0 - sig))).to(dg_ptr.dtype.element_ty), mask=mask)
+    tl.store(du_ptr + offs, (d * g * sig).to(du_ptr.dtype.element_ty), mask=mask)
+
+
+def triton_backward(gate, up, gy):
+    """The fused SwiGLU backward: (d gate, d up) in the inputs' dtype, one launch."""
+    check_inputs(gate, up)
+    g, u, d = gate.contiguous(), up.contiguous(), gy.contiguous()
+    dg, du = torch.empty_like(g), torch.empty_like(u)
+    n = g.numel()
+    if n:
+        _swiglu_backward_kernel[(_tr.cdiv(n, BLOCK),)](g, u, d, dg, du, n, BLOCK=BLOCK, num_warps=4)
+    return dg, du

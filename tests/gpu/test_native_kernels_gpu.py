@@ -38,8 +38,8 @@ def test_native_rms_norm_fused_close_and_dispatched(h):
     wq = (1 + 0.1 * randn(128, dtype=torch.float32, seed=5)).bfloat16()
     assert rel(rms_norm.native(q, wq, 1e-6), rms_norm.native_eager(q, wq, 1e-6)) < 1e-2
     xg = x[:8].clone().requires_grad_(True)
-    assert_bitwise_equal(rms_norm.native(xg, w, 1e-6).detach(), rms_norm.native_eager(x[:8], w, 1e-6),
-                         "under autograd: HF's eager ops")
+    assert_bitwise_equal(rms_norm.native(xg, w, 1e-6).detach(), rms_norm.triton_native_rms_norm(x[:8], w, 1e-6),
+                         "under autograd: the fused kernel too (with the fused backward)")
 
 
 def test_native_swiglu_fused_close_and_dispatched():
@@ -48,7 +48,8 @@ def test_native_swiglu_fused_close_and_dispatched():
     assert rel(y, swiglu.native_eager(g, u)) < 1e-2
     assert_bitwise_equal(swiglu.native(g, u), y, "native() runs the fused kernel on CUDA")
     gg = g[:4].clone().requires_grad_(True)
-    assert_bitwise_equal(swiglu.native(gg, u[:4]).detach(), swiglu.native_eager(g[:4], u[:4]), "under autograd: eager")
+    assert_bitwise_equal(swiglu.native(gg, u[:4]).detach(), swiglu.triton_native_swiglu(g[:4], u[:4]),
+                         "under autograd: the fused kernel too (with the fused backward)")
 
 
 def test_native_rope_fused_close_cached_and_dispatched():
@@ -62,8 +63,8 @@ def test_native_rope_fused_close_cached_and_dispatched():
     rope.native(x, pos, 1e6, max_position=40_960)
     assert rope.native_tables.cache_info().misses == before, "the cos/sin table is built once, then read"
     xg = x[:3].clone().requires_grad_(True)
-    assert_bitwise_equal(rope.native(xg, pos[:3], 1e6).detach(), rope.native_eager(x[:3], pos[:3], 1e6),
-                         "under autograd: eager")
+    assert_bitwise_equal(rope.native(xg, pos[:3], 1e6).detach(), rope.triton_native_rope(x[:3], pos[:3], 1e6),
+                         "under autograd: the fused kernel too (with the fused backward)")
 
 
 @torch.no_grad()
@@ -196,3 +197,54 @@ def test_native_packed_prefill_is_one_varlen_flash_call_close_forward_and_backwa
     _per_sequence_fp32(*ref_leaves, lens).backward(g.float())
     for name, a, b in zip("qkv", leaves, ref_leaves):
         assert rel(a.grad, b.grad) < 2e-2, (name, rel(a.grad, b.grad))
+
+
+@pytest.mark.parametrize("h", [128, 2048])
+def test_one_fused_backward_for_both_paths_close_to_autograd(h):
+    """RMSNorm (+ residual, a gradient reaching the sum too) and SwiGLU: the strict and the native
+    forward under autograd hand the same upstream gradient to the same fused backward, so their input
+    gradients are the same bits; and they are close to autograd over HF's eager ops."""
+    x, r, gy, gs = (randn(3000, h, seed=s_) for s_ in (21, 22, 23, 24))
+    w = (1 + 0.1 * randn(h, dtype=torch.float32, seed=25)).bfloat16()
+
+    def grads(fn):
+        leaves = [t.clone().requires_grad_(True) for t in (x, w, r)]
+        y, s_ = fn(*leaves)
+        torch.autograd.backward([y, s_], [gy, gs])
+        return [t.grad for t in leaves]
+
+    strict = grads(lambda a, b, c: rms_norm.strict(a, b, 1e-6, NumericsContract.default(), c))
+    native = grads(lambda a, b, c: rms_norm.native(a, b, 1e-6, c))
+    eager = grads(lambda a, b, c: rms_norm.native_eager(a, b, 1e-6, c))
+    for name, a, b, e in zip(("x", "weight", "residual"), strict, native, eager):
+        assert_bitwise_equal(a, b, f"RMSNorm d{name}: strict and native share the backward")
+        assert rel(a, e) < 2e-2, (name, rel(a, e))
+    g, u, d = randn(1000, 3 * h, scale=3.0, seed=26), randn(1000, 3 * h, seed=27), randn(1000, 3 * h, seed=28)
+
+    def swiglu_grads(fn):
+        leaves = [t.clone().requires_grad_(True) for t in (g, u)]
+        fn(*leaves).backward(d)
+        return [t.grad for t in leaves]
+
+    strict = swiglu_grads(lambda a, b: swiglu.strict(a, b, NumericsContract.default()))
+    native = swiglu_grads(swiglu.native)
+    eager = swiglu_grads(swiglu.native_eager)
+    for name, a, b, e in zip(("gate", "up"), strict, native, eager):
+        assert_bitwise_equal(a, b, f"SwiGLU d{name}: strict and native share the backward")
+        assert rel(a, e) < 2e-2, (name, rel(a, e))
+
+
+def test_rope_backward_shared_by_both_paths_close_to_autograd():
+    x, gy = randn(500, 16, 128, seed=31), randn(500, 16, 128, seed=32)
+    pos = torch.randint(0, 40_000, (500,), device=DEV)
+
+    def grad(fn):
+        leaf = x.clone().requires_grad_(True)
+        fn(leaf).backward(gy)
+        return leaf.grad
+
+    strict = grad(lambda a: rope.strict(a, pos, 1e6, NumericsContract.default()))
+    native = grad(lambda a: rope.native(a, pos, 1e6))
+    eager = grad(lambda a: rope.native_eager(a, pos, 1e6))
+    assert_bitwise_equal(strict, native, "RoPE: strict and native share the backward")
+    assert rel(strict, eager) < 2e-2, rel(strict, eager)

@@ -219,6 +219,56 @@ def test_native_rope_close_to_hf_eager_with_and_without_a_bound():
     assert rel(rope.triton_native_rope(strided, pos, 1e6), rope.native_eager(strided, pos, 1e6)) < 1e-6
 
 
+# -- the backward both paths share (RMSNorm, SwiGLU) ---------------------------------------------------
+@pytest.mark.parametrize("h, rows, programs", [(128, 70, None), (300, 37, None), (128, 200, 2)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_fused_backward_close_to_autograd(h, rows, programs, with_residual, monkeypatch):
+    """The fused backward against autograd over HF's eager RMSNorm (fp32): gx, the weight gradient and
+    the residual's, with a gradient reaching the sum output too; 300 columns leave masked lanes, 70 and
+    37 rows a masked last tile, and 2 programs over 7 tiles walk the row tiles in strides."""
+    from rlkit.kernels import rms_norm
+    if programs:
+        monkeypatch.setattr(rms_norm, "BACKWARD_PROGRAMS", programs)
+    x = torch.randn(rows, h, generator=g(90))
+    r = torch.randn(rows, h, generator=g(91)) if with_residual else None
+    w = 1 + 0.1 * torch.randn(h, generator=g(92))
+    gy, gs = torch.randn(rows, h, generator=g(93)), torch.randn(rows, h, generator=g(94))
+    gx, gw = rms_norm.triton_backward(x, w, r, 1e-6, gy, gs if with_residual else None)
+    ex, ew, er = rms_norm.backward(x, w, r, 1e-6, gy, gs if with_residual else None)  # CPU: autograd
+    assert rel(gx, ex) < 1e-5 and rel(gw, ew) < 1e-5, (rel(gx, ex), rel(gw, ew))
+    if with_residual:
+        assert rel(gx, er) < 1e-5
+    again = rms_norm.triton_backward(x, w, r, 1e-6, gy, gs if with_residual else None)
+    assert_bitwise_equal(again[1], gw, "the weight gradient's partial rows summed in a fixed order")
+
+
+def test_swiglu_fused_backward_close_to_the_formula():
+    from rlkit.kernels import swiglu
+    gate, up, gy = 4 * torch.randn(5000, generator=g(95)), torch.randn(5000, generator=g(96)), torch.randn(5000, generator=g(97))
+    dg, du = swiglu.triton_backward(gate, up, gy)
+    eg, eu = swiglu.backward(gate, up, gy)  # CPU: torch ops
+    assert rel(dg, eg) < 1e-6 and rel(du, eu) < 1e-6, (rel(dg, eg), rel(du, eu))
+    leaves = [t.clone().requires_grad_(True) for t in (gate, up)]
+    (torch.nn.functional.silu(leaves[0]) * leaves[1]).backward(gy)
+    assert rel(dg, leaves[0].grad) < 1e-5 and rel(du, leaves[1].grad) < 1e-5
+
+
+def test_rope_fused_backward_is_the_inverse_rotation():
+    """The native kernel with sin negated against the fp32 formula (autograd's of the rotation), and
+    undoing the forward rotation (fp32 tables: up to their rounding)."""
+    from rlkit.kernels import rope
+    x, gy = torch.randn(9, 5, 64, generator=g(98)), torch.randn(9, 5, 64, generator=g(99))
+    pos = torch.tensor([0, 1, 2, 3, 1000, 4095, 4096, 8, 9000])
+    fused = rope.triton_native_rope(gy, pos, 1e6, inverse=True)
+    # CPU: torch ops over the strict tables, whose angles round differently from HF's at position 9000
+    assert rel(fused, rope.backward(gy, pos, 1e6)) < 1e-4
+    leaf = x.clone().requires_grad_(True)
+    rope.native_eager(leaf, pos, 1e6).backward(gy)
+    assert rel(fused, leaf.grad) < 1e-6
+    back = rope.triton_native_rope(rope.triton_native_rope(x, pos, 1e6), pos, 1e6, inverse=True)
+    assert rel(back, x) < 1e-6
+
+
 # -- logprob ------------------------------------------------------------------------------------------
 SMALL_LP = C.replace(logprob=LogprobSpec(vocab_chunk=1024, row_block=8))
 
