@@ -46,6 +46,12 @@ from rlkit.types import AttentionLayout
 OP = "attention"
 
 
+_CHECKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+"""Layouts whose values `check_inputs` has read, with the token counts they were checked against: a
+model's layers all take one layout, whose tensors are not changed in place (the plan cache below
+assumes the same), so its device values are read once a forward, not twice a layer."""
+
+
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float(OP, name, t)
@@ -65,6 +71,9 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Atte
             raise OpInputError(OP, f"decode layout: q {tuple(q.shape)} needs one query per sequence and a "
                                    f"[{layout.num_seqs}, pages] block table")
         return
+    checked = (q.shape[0], tuple(k.shape[:2]), k.device)
+    if _CHECKED.get(layout) == checked:
+        return
     if layout.cu_seqlens_q.numel() != layout.num_seqs + 1 or int(layout.cu_seqlens_q[-1]) != q.shape[0]:
         raise OpInputError(OP, f"cu_seqlens_q {layout.cu_seqlens_q.tolist()} does not cover q's "
                                f"{q.shape[0]} tokens")
@@ -83,11 +92,22 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Atte
             raise OpInputError(OP, "packed keys need cu_seqlens_k covering k's tokens")
         if bool(((cu_k[1:] - cu_k[:-1]) != layout.context_lens).any()):
             raise OpInputError(OP, "packed keys: each sequence needs exactly context_lens keys")
+    _CHECKED[layout] = checked
+
+
+_HOST_BOUNDS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def host_bounds(layout: AttentionLayout) -> dict[str, list[int]]:
-    """The layout's per-sequence bounds as host lists, read in one device-to-host copy (a loop over the
-    sequences then reads no device value: one sync a call, not several a sequence)."""
+    """The layout's per-sequence bounds as host lists, read in one device-to-host copy once a layout (a
+    loop over the sequences then reads no device value)."""
+    hit = _HOST_BOUNDS.get(layout)
+    if hit is None:
+        hit = _HOST_BOUNDS[layout] = _read_bounds(layout)
+    return hit
+
+
+def _read_bounds(layout: AttentionLayout) -> dict[str, list[int]]:
     parts = {"cu_q": layout.cu_seqlens_q, "query_start": layout.query_start, "context_lens": layout.context_lens}
     if layout.cu_seqlens_k is not None:
         parts["cu_k"] = layout.cu_seqlens_k

@@ -219,7 +219,7 @@ class _NativeFusedRmsNorm(torch.autograd.Function):
 
 def strict(x, weight, eps, contract, residual=None):
     """Strict RMSNorm: the Triton kernel for CUDA tensors, the reference otherwise; under autograd the
-    same forward with a native backward."""
+    same forward with the shared backward (`backward`)."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, residual)):
         y, s = _StrictRmsNorm.apply(x, weight, residual, eps, contract)
         return y if residual is None else (y, s)

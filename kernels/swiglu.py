@@ -136,7 +136,7 @@ class _NativeFusedSwiGLU(torch.autograd.Function):
 
 def strict(gate, up, contract):
     """Strict SwiGLU: the Triton kernel for CUDA tensors, the reference otherwise; under autograd the same
-    forward with a native backward."""
+    forward with the shared backward (`backward`)."""
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
         return _StrictSwiGLU.apply(gate, up, contract)
     if _tr.on_gpu(gate, up):

@@ -361,6 +361,30 @@ def _native_rowwise(col: _Collector, cfg: Qwen3Config, dtype: torch.dtype) -> No
             f"{cfg.name} native swiglu {tokens}x{cfg.intermediate_size} (swiglu.triton_native_swiglu)")
 
 
+def _backward_rowwise(col: _Collector, cfg: Qwen3Config, dtype: torch.dtype) -> None:
+    """The backward both paths share (no contract: default launch options) as its launchers call it: the
+    fused RMSNorm backward (`rms_norm._tile`, at most BACKWARD_PROGRAMS programs), the native RoPE kernel
+    rotating back, the SwiGLU backward (swiglu.BLOCK)."""
+    t, tokens, f32 = _t(dtype), 4096, _t(torch.float32)
+    for h, residual, where in ((cfg.hidden_size, True, "layernorm + residual"),
+                               (cfg.hidden_size, False, "first layernorm"), (cfg.head_dim, False, "q/k norm")):
+        rows, block_h, warps = rms_norm._tile(h)
+        tiles = -(-tokens // rows)
+        col.add("rms_norm", [("backward rows", rms_norm._rms_norm_backward_kernel,
+                              (t, t, t, t, t, t, f32, tokens, h, tiles, cfg.rms_norm_eps),
+                              dict(HAS_RES=residual, HAS_GS=residual, ROWS=rows, BLOCK_H=block_h, num_warps=warps))],
+                f"{cfg.name} backward {where} H={h} (rms_norm.triton_backward)")
+    for heads, which in ((cfg.num_attention_heads, "q"), (cfg.num_key_value_heads, "k")):
+        d = cfg.head_dim
+        col.add("rope", [("inverse tokens", rope._native_rope_kernel,
+                          (t, _t(torch.int64), t, t, t, heads, heads * d, d),
+                          dict(D=d, BH=_tr.next_pow2(heads), INVERSE=True, num_warps=4))],
+                f"{cfg.name} backward rope {which} heads={heads} D={d} (rope.backward)")
+    col.add("swiglu", [("backward elementwise", swiglu._swiglu_backward_kernel,
+                        (t, t, t, t, t, tokens * cfg.intermediate_size), dict(BLOCK=swiglu.BLOCK, num_warps=4))],
+            f"{cfg.name} backward swiglu {tokens}x{cfg.intermediate_size} (swiglu.triton_backward)")
+
+
 def kernel_calls(traits: _tr.GpuTraits, presets=None, ops=None, contracts=CONTRACTS) -> list[KernelCall]:
     """Every distinct launch the plan functions choose on a GPU with `traits`, for the Qwen3 presets (all
     by default) under the released contracts, plus the benchmark-only GEMM kinds; one request each.
@@ -376,6 +400,7 @@ def kernel_calls(traits: _tr.GpuTraits, presets=None, ops=None, contracts=CONTRA
                 _attention(col, cfg, contract, dtype)
                 _rowwise(col, cfg, contract, dtype)
                 _native_rowwise(col, cfg, dtype)
+                _backward_rowwise(col, cfg, dtype)
             first = MODEL_PRESETS[presets[0] if presets else "qwen3-8b"]()
             _gemm_overrides(col, first, contract, first.torch_dtype)
     return list(col.calls.values())

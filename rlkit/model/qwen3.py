@@ -56,7 +56,9 @@ class ForwardBatch:
         ids = torch.cat([s.to(torch.int64) for s in sequences])
         positions = torch.cat([torch.arange(int(n)) for n in lens])
         dev = ids.device
-        return cls(ids, positions.to(dev), AttentionLayout.prefill(cu.to(dev)), seq_ids=seq_ids)
+        # the positions' bound is known here, so RoPE reads none on the host (a sync a call on CUDA)
+        return cls(ids, positions.to(dev), AttentionLayout.prefill(cu.to(dev)), seq_ids=seq_ids,
+                   max_position=int(lens.max()) if len(sequences) else None)
 
 
 # -- leaf modules: one op each --------------------------------------------------------------------

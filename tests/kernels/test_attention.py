@@ -159,6 +159,20 @@ def test_bad_inputs():
         attention.reference(q[:1], cache.k, cache.v, layout, SMALL)
 
 
+def test_a_checked_layout_is_checked_again_for_other_shapes():
+    """check_inputs reads a layout's values once for a token count: a layout that passed with 10 tokens
+    still refuses 9, and a fresh layout is read again."""
+    q, k, v = seq(10)
+    layout = AttentionLayout.prefill(torch.tensor([0, 4, 10]))
+    attention.native(q, k, v, layout)
+    with pytest.raises(OpInputError, match="cu_seqlens_q"):
+        attention.native(q[:9], k[:9], v[:9], layout)
+    with pytest.raises(OpInputError, match="cu_seqlens_q"):
+        attention.native(q, k, v, AttentionLayout.prefill(torch.tensor([0, 4, 9])))
+    assert attention.host_bounds(layout) == {"cu_q": [0, 4, 10], "query_start": [0, 0], "context_lens": [4, 6],
+                                             "cu_k": [0, 4, 10]}
+
+
 def test_launch_plan_cache_keys_the_layout_weakly():
     """The host-side launch plan is reused for every layer of a forward (same layout object, same
     shapes) and dropped with its layout; it holds no reference back to the layout."""
