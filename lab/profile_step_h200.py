@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from rl_step_ratio_h200 import FAMILIES, profile_report, release_gpu_memory, step_shapes  # lab/ is this folder
+from rl_step_ratio_h200 import FAMILIES, profile_report, release_gpu_memory, step_shapes, timed_events  # lab/ is this folder
 from rlkit.bench.provenance import commit
 from rlkit.rollout.engine import EmbeddedEngine
 from rlkit.rollout.types import GenerationRequest
@@ -34,12 +34,10 @@ from rlkit.train.trainer import EmbeddedTrainer, TrainBatch
 
 
 def family_ms(prof) -> dict[str, float]:
-    gpu = torch.cuda.is_available()
     out: dict[str, float] = {}
-    for e in prof.key_averages():
-        ms = (e.device_time_total if gpu else e.self_cpu_time_total) / 1e3
+    for key, ms, _ in timed_events(prof):
         if ms > 0:
-            fam = next((f for sub, f in FAMILIES if sub.lower() in e.key.lower()), "other")
+            fam = next((f for sub, f in FAMILIES if sub.lower() in key.lower()), "other")
             out[fam] = out.get(fam, 0.0) + ms
     return out
 

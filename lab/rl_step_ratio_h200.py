@@ -114,12 +114,21 @@ FAMILIES = (  # kernel-name substring -> family, first match wins (profile summa
     ("Memcpy", "copies"), ("Memset", "memset"))
 
 
+def timed_events(prof) -> list[tuple[str, float, int]]:
+    """(name, ms, calls) of what ran: on a GPU the device's own events only (kernels, copies, memsets;
+    a CPU op's device time is its kernels', so counting both counted them twice: lab/LOG.md session 6);
+    without one each op's own CPU time."""
+    gpu = torch.cuda.is_available()
+    cuda = torch.autograd.DeviceType.CUDA
+    return [(e.key, (e.self_device_time_total if gpu else e.self_cpu_time_total) / 1e3, e.count)
+            for e in prof.key_averages() if not gpu or getattr(e, "device_type", None) == cuda]
+
+
 def profile_report(prof, title: str) -> str:
     """Device time per kernel (top 60) and per family, from a finished torch.profiler run (without a
     GPU: each op's own CPU time)."""
     gpu = torch.cuda.is_available()
-    rows = [(e.key, (e.device_time_total if gpu else e.self_cpu_time_total) / 1e3, e.count)
-            for e in prof.key_averages()]
+    rows = timed_events(prof)
     rows = sorted((r for r in rows if r[1] > 0), key=lambda r: -r[1])
     total = sum(r[1] for r in rows) or 1.0
     families: dict[str, float] = {}
