@@ -64,7 +64,10 @@ def run_args(run_dir: Path, a) -> list[str]:
     size = (["--preset", "tiny", "--device", "cpu", "--dtype", "fp32", "--threads", "1"] if a.dry_run else
             ["--preset", "qwen3-0.6b", "--device", "cuda", "--dtype", "bf16"])
     return ["run", "--run-dir", str(run_dir), "--runner", "ray", "--task", "arith", "--steps", str(a.steps),
-            "--prompts", "4", "--samples", "4", "--max-tokens", "32", "--warm-start", "0", "--no-progress", *size]
+            "--prompts", "4", "--samples", "4", "--max-tokens", "32", "--warm-start", "0", "--no-progress",
+            # no trainer checkpoints: on the H200 a 0.6b trainer's (~7 GB) took most of each ~20 s step
+            # (lab/LOG.md 2026-12-01 session 6); this check resumes nothing
+            "--checkpoint-every", "0", *size]
 
 
 def start(args: list[str], log: Path) -> subprocess.Popen:

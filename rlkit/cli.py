@@ -110,7 +110,7 @@ RUN_SETTINGS = (
     ("temperature", "temperature", None), ("dtype", "dtype", None), ("device", "device", None),
     ("warm_start", "warm_start_steps", None), ("threads", "threads", None),
     ("init_from", "init_checkpoint", None), ("heldout_every", "heldout_every", None),
-    ("heldout_prompts", "heldout_prompts", None),
+    ("heldout_prompts", "heldout_prompts", None), ("checkpoint_every", "checkpoint_every", None),
 )
 RUN_HELP = """\
 A new run: --run-dir DIR (a new or empty directory). Every value is checked before anything is created
@@ -168,6 +168,9 @@ def _add_run(sub) -> None:
     p.add_argument("--heldout-every", type=bounded_nonneg_int,
                    help="measure the reward on the task's fixed held-out set every N steps (default 0: never)")
     p.add_argument("--heldout-prompts", type=bounded_positive_int, help="held-out prompts (default 64)")
+    p.add_argument("--checkpoint-every", type=bounded_nonneg_int,
+                   help="save the trainer's state every N steps, at the last step and at a stop (default 1; "
+                        "0: never, and such a run cannot be resumed)")
     p.add_argument("--threads", type=bounded_nonneg_int,
                    help="torch threads (the lab preset uses 1: the strict CPU references run many small ops)")
     p.add_argument("--no-progress", action="store_true")

@@ -46,6 +46,17 @@ def config():
     return run_config_from_args(build_parser().parse_args(["run", "--run-dir", "x", *RUN_ARGS])).replace(shaping=0.1)
 
 
+def test_checkpoint_every_is_a_run_setting_a_resume_keeps():
+    parse = lambda *extra: build_parser().parse_args(["run", "--run-dir", "x", *RUN_ARGS, *extra])  # noqa: E731
+    assert run_config_from_args(parse()).checkpoint_every == 1
+    assert run_config_from_args(parse("--checkpoint-every", "0")).checkpoint_every == 0
+    assert run_config_from_args(parse("--checkpoint-every", "5")).checkpoint_every == 5
+    from rlkit.cli import resume_conflicts
+    args = build_parser().parse_args(["run", "--resume", "x", "--checkpoint-every", "3"])
+    assert any("checkpoint" in c for c in resume_conflicts(args, {"checkpoint_every": 1})), \
+        resume_conflicts(args, {"checkpoint_every": 1})
+
+
 class _StopAfter:
     """Wraps a runner: asks the loop to stop once `version` is published (as SIGTERM would)."""
 
