@@ -248,6 +248,8 @@ def native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionL
     if varlen_prefill_ok(q, layout, bounds):
         try:
             return native_varlen_prefill(q, k, v, layout, bounds)
+        except torch.OutOfMemoryError:
+            raise  # the memory's answer, not the kernel's: the loop would need as much
         except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
             _varlen_refused(e)
     # on CUDA as [1, H, n, d]: SDPA's fused kernels (flash, cuDNN, memory-efficient) take 4-D inputs
