@@ -65,7 +65,7 @@ def native(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Te
     CPU `native_eager`."""
     if _tr.on_gpu(x, weight):
         if _needs_grad(x, weight, residual):
-            y, s = _NativeFusedRmsNorm.apply(x, weight, residual, eps)
+            y, s = _RmsNorm.apply(x, weight, residual, eps, triton_native_rms_norm)
             return y if residual is None else (y, s)
         return triton_native_rms_norm(x, weight, eps, residual)
     return native_eager(x, weight, eps, residual)
@@ -183,15 +183,15 @@ def backward(x, weight, residual, eps, gy, gs):
     return g[0], g[1], (g[2] if rr is not None else None)
 
 
-class _StrictRmsNorm(torch.autograd.Function):
-    """Forward: the strict kernel (Triton on CUDA, the reference elsewhere). Backward: `backward`."""
+class _RmsNorm(torch.autograd.Function):
+    """Forward: `run(x, weight, eps, residual)` (the strict kernel or reference, or the native fused
+    kernel). Backward: `backward`, the one both paths share."""
 
     @staticmethod
-    def forward(ctx, x, weight, residual, eps, contract):
+    def forward(ctx, x, weight, residual, eps, run):
         ctx.save_for_backward(x, weight, residual if residual is not None else x)
-        ctx.has_res, ctx.eps, ctx.contract = residual is not None, eps, contract
-        run = triton_rms_norm if _tr.on_gpu(x, weight) else reference
-        out = run(x, weight, eps, contract, residual)
+        ctx.has_res, ctx.eps = residual is not None, eps
+        out = run(x, weight, eps, residual)
         return out if residual is not None else (out, x.new_empty(0))
 
     @staticmethod
@@ -200,28 +200,12 @@ class _StrictRmsNorm(torch.autograd.Function):
         return (*backward(x, weight, residual if ctx.has_res else None, ctx.eps, gy, gs), None, None)
 
 
-class _NativeFusedRmsNorm(torch.autograd.Function):
-    """The native control under autograd on CUDA: the fused (residual-add +) RMSNorm forward, the shared
-    fused backward (as a trainer's fused norm kernels)."""
-
-    @staticmethod
-    def forward(ctx, x, weight, residual, eps):
-        ctx.save_for_backward(x, weight, residual if residual is not None else x)
-        ctx.has_res, ctx.eps = residual is not None, eps
-        out = triton_native_rms_norm(x, weight, eps, residual)
-        return out if residual is not None else (out, x.new_empty(0))
-
-    @staticmethod
-    def backward(ctx, gy, gs):
-        x, weight, residual = ctx.saved_tensors
-        return (*backward(x, weight, residual if ctx.has_res else None, ctx.eps, gy, gs), None)
-
-
 def strict(x, weight, eps, contract, residual=None):
     """Strict RMSNorm: the Triton kernel for CUDA tensors, the reference otherwise; under autograd the
     same forward with the shared backward (`backward`)."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, residual)):
-        y, s = _StrictRmsNorm.apply(x, weight, residual, eps, contract)
+        kernel = triton_rms_norm if _tr.on_gpu(x, weight) else reference
+        y, s = _RmsNorm.apply(x, weight, residual, eps, lambda x_, w, e, r: kernel(x_, w, e, contract, r))
         return y if residual is None else (y, s)
     if _tr.on_gpu(x, weight):
         return triton_rms_norm(x, weight, eps, contract, residual)

@@ -100,7 +100,8 @@ def native(x: torch.Tensor, positions: torch.Tensor, theta: float, max_position:
     d = x.shape[-1]
     if _tr.on_gpu(x, positions) and d >= 2 and d & (d - 1) == 0:
         if torch.is_grad_enabled() and x.requires_grad:
-            return _NativeFusedRope.apply(x, positions, theta, max_position)
+            return _Rope.apply(x, positions, theta, max_position,
+                               lambda x_, p: triton_native_rope(x_, p, theta, max_position))
         return triton_native_rope(x, positions, theta, max_position)
     return native_eager(x, positions, theta)
 
@@ -199,16 +200,15 @@ def backward(gy: torch.Tensor, positions: torch.Tensor, theta: float, max_positi
     return gx.to(gy.dtype)
 
 
-class _StrictRope(torch.autograd.Function):
-    """Forward: the strict rotation. Backward: `backward` (the inverse rotation)."""
+class _Rope(torch.autograd.Function):
+    """Forward: `run(x, positions)` (the strict rotation, or the native cached-table one). Backward:
+    `backward` (the inverse rotation), the one both paths share."""
 
     @staticmethod
-    def forward(ctx, x, positions, theta, contract, max_position):
+    def forward(ctx, x, positions, theta, max_position, run):
         ctx.save_for_backward(positions)
         ctx.theta, ctx.max_position = theta, max_position
-        if _tr.on_gpu(x, positions):
-            return triton_rope(x, positions, theta, contract, max_position)
-        return reference(x, positions, theta, contract)
+        return run(x, positions)
 
     @staticmethod
     def backward(ctx, gy):
@@ -216,26 +216,13 @@ class _StrictRope(torch.autograd.Function):
         return backward(gy, positions, ctx.theta, ctx.max_position), None, None, None, None
 
 
-class _NativeFusedRope(torch.autograd.Function):
-    """The native control under autograd on CUDA: the cached-table kernel forward, `backward` back."""
-
-    @staticmethod
-    def forward(ctx, x, positions, theta, max_position):
-        ctx.save_for_backward(positions)
-        ctx.theta, ctx.max_position = theta, max_position
-        return triton_native_rope(x, positions, theta, max_position)
-
-    @staticmethod
-    def backward(ctx, gy):
-        (positions,) = ctx.saved_tensors
-        return backward(gy, positions, ctx.theta, ctx.max_position), None, None, None
-
-
 def strict(x, positions, theta, contract, max_position: int | None = None):
     """Strict RoPE: the Triton kernel for CUDA tensors, the reference otherwise; under autograd the same
     forward with the exact inverse rotation as backward. `max_position`: see `triton_rope`."""
     if torch.is_grad_enabled() and x.requires_grad:
-        return _StrictRope.apply(x, positions, theta, contract, max_position)
+        run = (lambda x_, p: triton_rope(x_, p, theta, contract, max_position)) if _tr.on_gpu(x, positions) else (
+            lambda x_, p: reference(x_, p, theta, contract))
+        return _Rope.apply(x, positions, theta, max_position, run)
     if _tr.on_gpu(x, positions):
         return triton_rope(x, positions, theta, contract, max_position)
     return reference(x, positions, theta, contract)

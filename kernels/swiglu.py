@@ -48,7 +48,7 @@ def native(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     `native_eager`."""
     if _tr.on_gpu(gate, up):
         if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
-            return _NativeFusedSwiGLU.apply(gate, up)
+            return _SwiGLU.apply(gate, up, triton_native_swiglu)
         return triton_native_swiglu(gate, up)
     return native_eager(gate, up)
 
@@ -105,13 +105,14 @@ def backward(gate: torch.Tensor, up: torch.Tensor, gy: torch.Tensor) -> tuple[to
     return d_gate.to(gate.dtype), d_up.to(up.dtype)
 
 
-class _StrictSwiGLU(torch.autograd.Function):
+class _SwiGLU(torch.autograd.Function):
+    """Forward: `run(gate, up)` (the strict kernel or reference, or the native fused kernel). Backward:
+    `backward`, the one both paths share."""
+
     @staticmethod
-    def forward(ctx, gate, up, contract):
+    def forward(ctx, gate, up, run):
         ctx.save_for_backward(gate, up)
-        if _tr.on_gpu(gate, up):
-            return triton_swiglu(gate, up, contract)
-        return reference(gate, up, contract)
+        return run(gate, up)
 
     @staticmethod
     def backward(ctx, gy):
@@ -119,26 +120,13 @@ class _StrictSwiGLU(torch.autograd.Function):
         return (*backward(gate, up, gy), None)
 
 
-class _NativeFusedSwiGLU(torch.autograd.Function):
-    """The native control under autograd on CUDA: the fused forward a trainer's kernel library runs, the
-    shared fused backward."""
-
-    @staticmethod
-    def forward(ctx, gate, up):
-        ctx.save_for_backward(gate, up)
-        return triton_native_swiglu(gate, up)
-
-    @staticmethod
-    def backward(ctx, gy):
-        gate, up = ctx.saved_tensors
-        return backward(gate, up, gy)
-
-
 def strict(gate, up, contract):
     """Strict SwiGLU: the Triton kernel for CUDA tensors, the reference otherwise; under autograd the same
     forward with the shared backward (`backward`)."""
     if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
-        return _StrictSwiGLU.apply(gate, up, contract)
+        run = (lambda g, u: triton_swiglu(g, u, contract)) if _tr.on_gpu(gate, up) else (
+            lambda g, u: reference(g, u, contract))
+        return _SwiGLU.apply(gate, up, run)
     if _tr.on_gpu(gate, up):
         return triton_swiglu(gate, up, contract)
     return reference(gate, up, contract)

@@ -14,10 +14,10 @@ the engines' sampling (`process_logits`), the Megatron trainer's gradient and no
 `use_contract` restores the previous contract on exit (also on error), and is per thread / per asyncio
 task (a ContextVar), so a dashboard thread and a training thread never see each other's contract.
 
-Native paths are the control: HF's eager torch ops on the CPU and under autograd; on CUDA without a
-gradient what a serving engine runs (fused Triton RMSNorm + residual, RoPE from a cached table, silu * up,
-the paged flash-decoding), on CUDA a packed prefill's attention as one varlen flash call with or
-without a gradient (a trainer's attention), and native logprobs above 4,096 rows in row chunks (kernels/logprob.py
+Native paths are the control: HF's eager torch ops on the CPU; on CUDA what a serving engine and a
+trainer's fused kernels run (fused Triton RMSNorm + residual, RoPE from a cached table, silu * up, with
+or without a gradient; the paged flash-decoding; a packed prefill's attention as one varlen flash call),
+and native logprobs above 4,096 rows in row chunks (kernels/logprob.py
 `native_chunked`). `native_backend(device)` names the control they stand for on that device
 (rlkit/native_backends.py: torch-cpu, torch-cuda, and on ROCm `amd-aiter`, which these ops do not call:
 not exercised here).
@@ -25,7 +25,8 @@ not exercised here).
 Strict paths call `rlkit.kernels.<op>.strict(...)`: the Triton kernel when the tensors are on CUDA
 (and the contract's parameters are ones the kernel implements), the torch reference otherwise. Each
 `strict` also wraps the kernel in an autograd Function (strict forward, native backward) when a
-gradient is needed.
+gradient is needed; on CUDA RMSNorm, SwiGLU and RoPE take the backward the native path takes (each
+module's `backward`), so the paths differ in their forward only.
 """
 
 from __future__ import annotations
