@@ -21,6 +21,13 @@ On the lent H200 (rlkit installed editable first, offline; the data travel in an
 The source shape takes about five minutes of device time a path (two steps of ~2.5 min): run one path a
 call (`--paths strict`, then `--paths native`; each call's rows are written as its path finishes) and
 join them here with `--combine A.jsonl B.jsonl --out DIR`.
+With --interleave, each shape is one run instead of two: its steps alternate strict and native (every
+op toggled at each step boundary, as the dashboard's toggles do), so both paths run in the same process,
+on the same warm GPU, with the same allocator and caches; the first --warmup steps (compiles, graph
+capture for each path) are left out and the ratio is taken pair by pair (a strict step and the native step
+after it). Separate runs put the paths minutes apart; on 2026-12-02 two such measurements of the
+validation shape read 0.87 and 1.65 (the second's strict run had one timed step, still compiling):
+lab/LOG.md.
 With --profile, each run is recorded by torch.profiler (every step, step 0 too: use few steps; measured
 2026-12-01: the validation shape's 4 x 512 decode steps did not finish profiling in 166 s) and
 $OUT/profile-SHAPE-PATH.txt gets its kernels by device time (the top 60, and totals per kernel family),
@@ -163,6 +170,68 @@ def medians(steps) -> dict[str, float]:
         "compared_tokens": float(sum(s.compared_tokens for s in steps))}
 
 
+def alternate_paths(run_dir: Path, done: threading.Event) -> None:
+    """Watch the run at `run_dir` and toggle every op once a step: once step k - 1 is committed and step k
+    is well under way, ask for step k + 1's path (native for even steps, strict for odd ones), all ops in
+    one transaction. "Well under way": a quarter of step k - 1's time later (at most 2 s), since the loop
+    reads the requests at step k's boundary some milliseconds after the commit (a request posted at once
+    landed in step k one time in three on the CPU, 2026-12-02). Step 0 gives no signal, so steps 0 and 1
+    both run the run's own path (strict) and the pattern is s s n s n ...; each step's `ops_paths` says
+    what it ran (`interleaved_ratios` reads that, not this plan)."""
+    from rlkit.contract import OPS
+    from rlkit.timeline.store import DB_NAME, RunStore
+
+    while not (run_dir / DB_NAME).is_file():
+        if done.wait(0.05):
+            return
+    seen = None
+    store = RunStore.open(run_dir)
+    try:
+        while not done.wait(0.02):
+            last = store.last_step()
+            if last is None or last == seen:
+                continue
+            seen = last
+            took = store.steps()[-1].timings.get("step_s", 0.0)
+            if done.wait(min(2.0, max(0.05, took / 4))) or store.last_step() != last:
+                continue  # the run ended, or step last + 1 is already over: no plan for it
+            path = "native" if (last + 2) % 2 == 0 else "strict"
+            store.request_toggles({op: path for op in OPS}, "rl_step_ratio --interleave")  # one transaction
+    finally:
+        store.close()
+
+
+def step_path(s) -> str | None:
+    """'strict' or 'native' when every op of the step ran that path, else None."""
+    paths = set(s.ops_paths.values())
+    return paths.pop() if len(paths) == 1 else None
+
+
+def interleaved_ratios(steps, warmup: int) -> tuple[dict, dict, list[dict]]:
+    """From an alternating run: each path's medians over its steps after `warmup`, the per-part median
+    of pair ratios (strict step / the native step right after it) and the pairs themselves."""
+    timed = [s for s in steps[warmup:] if step_path(s)]
+    by_path = {p: [s for s in timed if step_path(s) == p] for p in ("strict", "native")}
+    result = {}
+    for path, ss in by_path.items():
+        if ss:
+            result[path] = {part: statistics.median(s.timings[part] for s in ss) for part in PARTS} | {
+                "steps_timed": float(len(ss)), "mismatch_count": float(sum(s.mismatch_count for s in ss)),
+                "compared_tokens": float(sum(s.compared_tokens for s in ss))}
+    pairs = [{"strict_step": a.step, "native_step": b.step} | {
+                part: a.timings[part] / b.timings[part] for part in PARTS if b.timings[part] > 0}
+             for a, b in zip(timed, timed[1:])
+             if step_path(a) == "strict" and step_path(b) == "native" and b.step == a.step + 1]
+    ratio = {part: statistics.median(p[part] for p in pairs) for part in PARTS if pairs and part in pairs[0]}
+    return result, ratio, pairs
+
+
+def per_step(steps) -> dict[str, list[float]]:
+    """Each timed step's seconds per part (step 0 left out, as in `medians`): the spread behind a median."""
+    timed = steps[1:] or steps
+    return {part: [round(s.timings[part], 3) for s in timed] for part in PARTS}
+
+
 def combine(files: list[str], out: Path) -> int:
     """Ratio rows from per-path rows measured in separate calls (each file's rows keep their commit; the
     ratio row takes the strict run's): `OUT/rl_step_ratio.jsonl` gets every row and the ratios."""
@@ -194,6 +263,10 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="record each run with torch.profiler (see above)")
     ap.add_argument("--paths", default="strict,native",
                     help="the paths to run (one path a device call for the long shapes; then --combine)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="one run a shape, its steps alternating strict and native; ratios pair by pair")
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="with --interleave: steps left out at the start (the pattern is s s n | s n s n ...)")
     ap.add_argument("--combine", nargs="+", metavar="ROWS.jsonl",
                     help="no run: the strict/native rows of these files (one path each, or both) -> ratio rows")
     a = ap.parse_args()
@@ -208,6 +281,16 @@ def main() -> int:
     device = "cpu (dry run)" if a.dry_run else torch.cuda.get_device_name()
     sha, rows, table = commit(), [], []
     paths = [p for p in ("strict", "native") if p in a.paths.split(",")]
+    if a.interleave:
+        if a.steps < a.warmup + 2:
+            print(f"--interleave: --steps {a.steps} leaves no strict/native pair after --warmup {a.warmup}",
+                  file=sys.stderr)
+            return 2
+        for name in a.shapes.split(","):
+            rows += interleaved_shape(a, name, shapes[name], device, sha, table)
+            (a.out / "rl_step_ratio.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        print_table(table)
+        return 0
     for name in a.shapes.split(","):
         result = {}
         for path in paths:
@@ -229,7 +312,10 @@ def main() -> int:
             result[path] = medians(steps)
             print(f"{name} {path}: {len(steps)} steps in {time.time() - t0:.0f} s: "
                   + " ".join(f"{k} {v:.3f}" for k, v in (result[path] | memory).items()), flush=True)
+            values = per_step(steps)
+            print(f"  per step: " + "; ".join(f"{k} {v}" for k, v in values.items()), flush=True)
             rows += [dict(op="rl_step", impl=path, shape=name, metric=k, median=v, device=device, commit=sha)
+                     | ({"values": values[k]} if k in values else {})
                      for k, v in (result[path] | memory).items()]
             (a.out / "rl_step_ratio.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # per path
         if len(result) < 2:
@@ -240,12 +326,48 @@ def main() -> int:
                       commit=sha) for k, v in ratio.items()]
         table.append((name, result, ratio))
         (a.out / "rl_step_ratio.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"\n{'shape':14} {'path':7} " + " ".join(f"{p:>10}" for p in PARTS) + "  (median seconds, step 0 left out)")
+    print_table(table)
+    return 0
+
+
+def print_table(table) -> None:
+    print(f"\n{'shape':14} {'path':7} " + " ".join(f"{p:>10}" for p in PARTS) + "  (median seconds, warm-up left out)")
     for name, result, ratio in table:
         for path in ("strict", "native"):
             print(f"{name:14} {path:7} " + " ".join(f"{result[path][p]:10.3f}" for p in PARTS))
         print(f"{name:14} {'ratio':7} " + " ".join(f"{ratio.get(p, float('nan')):10.2f}" for p in PARTS))
-    return 0
+
+
+def interleaved_shape(a, name: str, cfg, device: str, sha: str, table: list) -> list[dict]:
+    """One alternating run of shape `name`: its rows (each path's medians, the median pair ratios with
+    every pair's value, the run's memory), and its line in `table` when it has a pair."""
+    cfg = cfg.replace(steps=a.steps, path="strict", checkpoint_every=0)
+    run_dir = a.out / f"run-{name}-interleaved"
+    done = threading.Event()
+    watcher = threading.Thread(target=alternate_paths, args=(run_dir, done), daemon=True)
+    t0 = time.time()
+    watcher.start()
+    try:
+        steps, memory = timed_run(run_dir, cfg, a.minutes)
+    finally:
+        done.set()
+        watcher.join()
+    result, ratio, pairs = interleaved_ratios(steps, a.warmup)
+    print(f"{name} interleaved: {len(steps)} steps in {time.time() - t0:.0f} s, {len(pairs)} pairs after "
+          f"{a.warmup} warm-up steps", flush=True)
+    for s in steps:
+        print(f"  step {s.step} {step_path(s) or 'mixed'}: " + " ".join(f"{p} {s.timings[p]:.3f}" for p in PARTS)
+              + f" mismatches {s.mismatch_count}/{s.compared_tokens}", flush=True)
+    common = dict(op="rl_step", shape=name, device=device, commit=sha, design="interleaved")
+    rows = [dict(common, impl=path, metric=k, median=v) for path, r in result.items() for k, v in r.items()]
+    rows += [dict(common, impl="strict+native", metric=k, median=v) for k, v in memory.items()]
+    if not ratio:
+        print(f"{name}: no strict/native pair after the warm-up; no ratio", flush=True)
+        return rows
+    rows += [dict(common, impl="strict/native", metric=part, median=v, values=[round(p[part], 4) for p in pairs])
+             for part, v in ratio.items()]
+    table.append((name, result, ratio))
+    return rows
 
 
 if __name__ == "__main__":

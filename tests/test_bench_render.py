@@ -17,10 +17,25 @@ def test_rl_step_table_and_commits_come_from_the_rows():
     rows += [_row("swiglu", "strict", "swiglu 8x8", "ratio_vs_native", 0.99, "def5678")]
     text = render(rows)
     assert "Commits: abc1234 (rl_step); def5678 (swiglu)" in text
-    assert "| validation | strict | 3.000 | 2.000 | 0.900 | 0.100 | 0 / 100 | abc1234 |" in text
-    assert "| validation | native | 2.500 | 1.700 | 0.700 | 0.100 | 97 / 100 | abc1234 |" in text
-    assert "| validation | **strict/native** | 1.20 | - | - | - |" in text
+    assert "| validation | two runs | strict | 3.000 | 2.000 | 0.900 | 0.100 |  | 0 / 100 | abc1234 |" in text
+    assert "| validation | two runs | native | 2.500 | 1.700 | 0.700 | 0.100 |  | 97 / 100 | abc1234 |" in text
+    assert "| validation | two runs | **strict/native** | 1.20 | - | - | - |  |  | abc1234 |" in text
     assert "RL step" not in render([_row("swiglu", "strict", "swiglu 8x8", "ratio_vs_native", 0.99)])
+
+
+def test_alternating_rows_get_their_own_lines_with_the_pairs_range():
+    """Rows of lab/rl_step_ratio_h200.py --interleave (design "interleaved") sit beside the two-run rows of
+    the same shape, never merged with them; the ratio line says how many pairs and their range."""
+    two = [_row("rl_step", "strict/native", "validation", "step_s", 1.10, "abc1234")]
+    alt = [dict(_row("rl_step", path, "validation", m, v, "def5678"), design="interleaved")
+           for path, vals in (("strict", (2.6, 3)), ("native", (2.5, 3)))
+           for m, v in zip(("step_s", "steps_timed"), vals)]
+    alt.append(dict(_row("rl_step", "strict/native", "validation", "step_s", 1.04, "def5678"), design="interleaved",
+                    values=[1.01, 1.04, 1.09]))
+    text = render(two + alt)
+    assert "| validation | two runs | **strict/native** | 1.10 |" in text
+    assert "| validation | alternating | strict | 2.600 | - | - | - | 3 |" in text
+    assert "| validation | alternating | **strict/native** | 1.04 | - | - | - | 3 pairs, 1.01-1.09 |  | def5678 |" in text
 
 
 def test_render_from_committed_row_files_keeps_the_compile_report(tmp_path):

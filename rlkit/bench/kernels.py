@@ -456,21 +456,33 @@ def _render_rl_step(rows: list[dict]) -> list[str]:
     if not mine:
         return []
     out = ["## RL step: strict / native (target <= 1.10)", "",
-           "Median seconds of steps 1.. (step 0 compiles and captures), the same seed and data order on both "
-           "paths; ratio = strict / native (lower is faster).", "",
-           "| shape | path | step s | rollout s | train s | sync s | mismatches / compared tokens | commit |",
-           "|---|---|---|---|---|---|---|---|"]
-    for shape in dict.fromkeys(r["shape"] for r in mine):
+           "Median seconds, the same seed and data order on both paths; ratio = strict / native (lower is "
+           "faster). Design *two runs*: a strict run, then a native run, step 0 of each left out (it compiles "
+           "and captures); the ratio is of the two medians. Design *alternating*: one run whose steps switch "
+           "every op between strict and native (s s n | s n s n ...), the warm-up left out; the ratio is "
+           "the median over pairs (a strict step / the native step right after it), with their range. "
+           "Timed: steps a path, or pairs.", "",
+           "| shape | design | path | step s | rollout s | train s | sync s | timed | mismatches / compared tokens | commit |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for shape, design in dict.fromkeys((r["shape"], r.get("design", "two runs")) for r in mine):
+        label_design = "alternating" if design == "interleaved" else design
         for path in ("strict", "native", "strict/native"):
-            cells = {r["metric"]: r for r in mine if r["shape"] == shape and r["impl"] == path}
+            cells = {r["metric"]: r for r in mine if r["shape"] == shape and r["impl"] == path
+                     and r.get("design", "two runs") == design}
             if not cells:
                 continue
             fmt = "{:.2f}" if path == "strict/native" else "{:.3f}"
             parts = [fmt.format(cells[p]["median"]) if p in cells else "-" for p in RL_STEP_PARTS]
             tokens = (f"{cells['mismatch_count']['median']:,.0f} / {cells['compared_tokens']['median']:,.0f}"
                       if "mismatch_count" in cells else "")
+            pairs = cells.get("step_s", {}).get("values") if path == "strict/native" else None
+            if path == "strict/native":
+                timed = (f"{len(pairs)} pairs, {min(pairs):.2f}-{max(pairs):.2f}"
+                         if design == "interleaved" and pairs else "")
+            else:
+                timed = f"{cells['steps_timed']['median']:.0f}" if "steps_timed" in cells else ""
             label = f"**{path}**" if path == "strict/native" else path
-            out.append(f"| {shape} | {label} | " + " | ".join(parts) + f" | {tokens} | "
+            out.append(f"| {shape} | {label_design} | {label} | " + " | ".join(parts) + f" | {timed} | {tokens} | "
                        f"{next(iter(cells.values()))['commit']} |")
     return out + [""]
 

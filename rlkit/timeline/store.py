@@ -487,14 +487,21 @@ class RunStore:
     # -- toggle requests ------------------------------------------------------------------------
     def request_toggle(self, op: str, path: str, source: str) -> int:
         """Ask the run to switch `op` to `path` at its next step boundary; returns the request id."""
+        return self.request_toggles({op: path}, source)[0]
+
+    def request_toggles(self, paths: dict[str, str], source: str) -> list[int]:
+        """Ask for several ops' switches in one transaction (the run's next boundary applies all of them or,
+        if it read the requests first, none); returns the request ids in `paths`' order."""
         try:
-            check_op_path(op, path)
+            for op, path in paths.items():
+                check_op_path(op, path)
         except RecordError as e:
             raise StoreError(f"toggle request refused: {e}") from None
-        with self._write(f"request toggle {op}={path}") as c:
-            cur = c.execute("INSERT INTO toggle_requests (op, path, requested_at, source) VALUES (?, ?, ?, ?)",
-                            (op, path, time.time(), str(source)))
-            return int(cur.lastrowid)
+        what = ", ".join(f"{op}={path}" for op, path in paths.items())
+        with self._write(f"request toggle {what}") as c:
+            now = time.time()
+            return [int(c.execute("INSERT INTO toggle_requests (op, path, requested_at, source) VALUES (?, ?, ?, ?)",
+                                  (op, path, now, str(source))).lastrowid) for op, path in paths.items()]
 
     def pending_toggles(self) -> list[ToggleRequest]:
         return [ToggleRequest(*row) for row in self._rows(
