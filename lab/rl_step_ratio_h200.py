@@ -3,8 +3,9 @@
 For each step shape below, two fresh runs from the same seed and data order: every op strict, then every
 op native (the native control: cuBLAS GEMMs, SDPA prefill, the split-K paged flash-decoding, the same
 sampler, decode from CUDA graphs on both sides). Each run does --steps RL steps or stops at its time
-budget (a stop request ends it between steps); step 0 is left out of the medians (compilation,
-graph capture, allocator warm-up). Per path: the median step time and its parts; then strict / native
+budget (a stop request ends it between steps); the first --warmup steps (default 1: step 0) are left
+out of the medians (compilation, graph capture, allocator warm-up; on a fresh machine with a cold Triton
+cache step 1 still compiles, so give 2 or more there). Per path: the median step time and its parts; then strict / native
 for each.
 
 Step shapes (rlkit.config.validation_0_6b with overrides; random weights, DAPO-Math-17k, seed 1234):
@@ -163,8 +164,8 @@ def release_gpu_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def medians(steps) -> dict[str, float]:
-    timed = steps[1:] or steps  # step 0 compiles and captures
+def medians(steps, warmup: int = 1) -> dict[str, float]:
+    timed = steps[warmup:] or steps  # step 0 compiles and captures (a cold Triton cache: step 1 still compiles)
     return {part: statistics.median(s.timings[part] for s in timed) for part in PARTS} | {
         "steps_timed": float(len(timed)), "mismatch_count": float(sum(s.mismatch_count for s in steps)),
         "compared_tokens": float(sum(s.compared_tokens for s in steps))}
@@ -226,9 +227,9 @@ def interleaved_ratios(steps, warmup: int) -> tuple[dict, dict, list[dict]]:
     return result, ratio, pairs
 
 
-def per_step(steps) -> dict[str, list[float]]:
-    """Each timed step's seconds per part (step 0 left out, as in `medians`): the spread behind a median."""
-    timed = steps[1:] or steps
+def per_step(steps, warmup: int = 1) -> dict[str, list[float]]:
+    """Each timed step's seconds per part (the warm-up left out, as in `medians`): the spread behind a median."""
+    timed = steps[warmup:] or steps
     return {part: [round(s.timings[part], 3) for s in timed] for part in PARTS}
 
 
@@ -257,7 +258,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shapes", default="validation,trainer-heavy,source")
-    ap.add_argument("--steps", type=int, default=4, help="RL steps a run (step 0 is not timed)")
+    ap.add_argument("--steps", type=int, default=4, help="RL steps a run (the first --warmup are not timed)")
     ap.add_argument("--minutes", type=float, default=2.0, help="time budget a run")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny preset, 16-token responses")
     ap.add_argument("--profile", action="store_true", help="record each run with torch.profiler (see above)")
@@ -265,8 +266,9 @@ def main() -> int:
                     help="the paths to run (one path a device call for the long shapes; then --combine)")
     ap.add_argument("--interleave", action="store_true",
                     help="one run a shape, its steps alternating strict and native; ratios pair by pair")
-    ap.add_argument("--warmup", type=int, default=3,
-                    help="with --interleave: steps left out at the start (the pattern is s s n | s n s n ...)")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="steps left out at the start of each run (default 1; with --interleave 3: the pattern "
+                         "is s s n | s n s n ...). On a fresh machine step 1 still compiles: 2 or more")
     ap.add_argument("--combine", nargs="+", metavar="ROWS.jsonl",
                     help="no run: the strict/native rows of these files (one path each, or both) -> ratio rows")
     a = ap.parse_args()
@@ -281,6 +283,9 @@ def main() -> int:
     device = "cpu (dry run)" if a.dry_run else torch.cuda.get_device_name()
     sha, rows, table = commit(), [], []
     paths = [p for p in ("strict", "native") if p in a.paths.split(",")]
+    if a.warmup is None:
+        a.warmup = 3 if a.interleave else 1
+    warmup = a.warmup
     if a.interleave:
         if a.steps < a.warmup + 2:
             print(f"--interleave: --steps {a.steps} leaves no strict/native pair after --warmup {a.warmup}",
@@ -309,13 +314,13 @@ def main() -> int:
                 print(report[:1500], flush=True)
             else:
                 steps, memory = timed_run(a.out / f"run-{name}-{path}", cfg, a.minutes)
-            result[path] = medians(steps)
+            result[path] = medians(steps, warmup)
             print(f"{name} {path}: {len(steps)} steps in {time.time() - t0:.0f} s: "
                   + " ".join(f"{k} {v:.3f}" for k, v in (result[path] | memory).items()), flush=True)
-            values = per_step(steps)
+            values = per_step(steps, warmup)
             print(f"  per step: " + "; ".join(f"{k} {v}" for k, v in values.items()), flush=True)
-            rows += [dict(op="rl_step", impl=path, shape=name, metric=k, median=v, device=device, commit=sha)
-                     | ({"values": values[k]} if k in values else {})
+            rows += [dict(op="rl_step", impl=path, shape=name, metric=k, median=v, device=device, commit=sha,
+                          warmup=warmup) | ({"values": values[k]} if k in values else {})
                      for k, v in (result[path] | memory).items()]
             (a.out / "rl_step_ratio.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # per path
         if len(result) < 2:
@@ -358,7 +363,7 @@ def interleaved_shape(a, name: str, cfg, device: str, sha: str, table: list) -> 
     for s in steps:
         print(f"  step {s.step} {step_path(s) or 'mixed'}: " + " ".join(f"{p} {s.timings[p]:.3f}" for p in PARTS)
               + f" mismatches {s.mismatch_count}/{s.compared_tokens}", flush=True)
-    common = dict(op="rl_step", shape=name, device=device, commit=sha, design="interleaved")
+    common = dict(op="rl_step", shape=name, device=device, commit=sha, design="interleaved", warmup=a.warmup)
     rows = [dict(common, impl=path, metric=k, median=v) for path, r in result.items() for k, v in r.items()]
     rows += [dict(common, impl="strict+native", metric=k, median=v) for k, v in memory.items()]
     if not ratio:
