@@ -165,10 +165,16 @@ def release_gpu_memory() -> None:
 
 
 def medians(steps, warmup: int = 1) -> dict[str, float]:
-    timed = steps[warmup:] or steps  # step 0 compiles and captures (a cold Triton cache: step 1 still compiles)
+    """A run's medians over its steps after `warmup` (step 0 compiles and captures; with a cold Triton
+    cache step 1 still compiles), and its mismatches over every step."""
+    return summary(steps[warmup:] or steps, steps)
+
+
+def summary(timed, counted) -> dict[str, float]:
+    """Median seconds per part over `timed`; mismatched and compared tokens over `counted`."""
     return {part: statistics.median(s.timings[part] for s in timed) for part in PARTS} | {
-        "steps_timed": float(len(timed)), "mismatch_count": float(sum(s.mismatch_count for s in steps)),
-        "compared_tokens": float(sum(s.compared_tokens for s in steps))}
+        "steps_timed": float(len(timed)), "mismatch_count": float(sum(s.mismatch_count for s in counted)),
+        "compared_tokens": float(sum(s.compared_tokens for s in counted))}
 
 
 def alternate_paths(run_dir: Path, done: threading.Event) -> None:
@@ -209,16 +215,15 @@ def step_path(s) -> str | None:
 
 
 def interleaved_ratios(steps, warmup: int) -> tuple[dict, dict, list[dict]]:
-    """From an alternating run: each path's medians over its steps after `warmup`, the per-part median
-    of pair ratios (strict step / the native step right after it) and the pairs themselves."""
+    """From an alternating run: each path's medians over its steps after `warmup` (its mismatches over all
+    of its steps), the per-part median of pair ratios (strict step / the native step right after it) and
+    the pairs themselves."""
     timed = [s for s in steps[warmup:] if step_path(s)]
-    by_path = {p: [s for s in timed if step_path(s) == p] for p in ("strict", "native")}
     result = {}
-    for path, ss in by_path.items():
-        if ss:
-            result[path] = {part: statistics.median(s.timings[part] for s in ss) for part in PARTS} | {
-                "steps_timed": float(len(ss)), "mismatch_count": float(sum(s.mismatch_count for s in ss)),
-                "compared_tokens": float(sum(s.compared_tokens for s in ss))}
+    for path in ("strict", "native"):
+        mine = [s for s in timed if step_path(s) == path]
+        if mine:
+            result[path] = summary(mine, [s for s in steps if step_path(s) == path])
     pairs = [{"strict_step": a.step, "native_step": b.step} | {
                 part: a.timings[part] / b.timings[part] for part in PARTS if b.timings[part] > 0}
              for a, b in zip(timed, timed[1:])
@@ -287,8 +292,12 @@ def main() -> int:
         a.warmup = 3 if a.interleave else 1
     warmup = a.warmup
     if a.interleave:
-        if a.steps < a.warmup + 2:
-            print(f"--interleave: --steps {a.steps} leaves no strict/native pair after --warmup {a.warmup}",
+        if a.profile or a.paths != "strict,native":
+            print("--interleave runs both paths in one run and does not profile: drop --paths / --profile",
+                  file=sys.stderr)
+            return 2
+        if a.steps < warmup + 2:
+            print(f"--interleave: --steps {a.steps} leaves no strict/native pair after --warmup {warmup}",
                   file=sys.stderr)
             return 2
         for name in a.shapes.split(","):
@@ -363,7 +372,7 @@ def interleaved_shape(a, name: str, cfg, device: str, sha: str, table: list) -> 
     for s in steps:
         print(f"  step {s.step} {step_path(s) or 'mixed'}: " + " ".join(f"{p} {s.timings[p]:.3f}" for p in PARTS)
               + f" mismatches {s.mismatch_count}/{s.compared_tokens}", flush=True)
-    common = dict(op="rl_step", shape=name, device=device, commit=sha, design="interleaved", warmup=a.warmup)
+    common = dict(op="rl_step", shape=name, device=device, commit=sha, design="alternating", warmup=a.warmup)
     rows = [dict(common, impl=path, metric=k, median=v) for path, r in result.items() for k, v in r.items()]
     rows += [dict(common, impl="strict+native", metric=k, median=v) for k, v in memory.items()]
     if not ratio:

@@ -24,13 +24,13 @@ def test_rl_step_table_and_commits_come_from_the_rows():
 
 
 def test_alternating_rows_get_their_own_lines_with_the_pairs_range():
-    """Rows of lab/rl_step_ratio_h200.py --interleave (design "interleaved") sit beside the two-run rows of
+    """Rows of lab/rl_step_ratio_h200.py --interleave (design "alternating") sit beside the two-run rows of
     the same shape, never merged with them; the ratio line says how many pairs and their range."""
     two = [_row("rl_step", "strict/native", "validation", "step_s", 1.10, "abc1234")]
-    alt = [dict(_row("rl_step", path, "validation", m, v, "def5678"), design="interleaved")
+    alt = [dict(_row("rl_step", path, "validation", m, v, "def5678"), design="alternating")
            for path, vals in (("strict", (2.6, 3)), ("native", (2.5, 3)))
            for m, v in zip(("step_s", "steps_timed"), vals)]
-    alt.append(dict(_row("rl_step", "strict/native", "validation", "step_s", 1.04, "def5678"), design="interleaved",
+    alt.append(dict(_row("rl_step", "strict/native", "validation", "step_s", 1.04, "def5678"), design="alternating",
                     values=[1.01, 1.04, 1.09]))
     text = render(two + alt)
     assert "| validation | two runs | **strict/native** | 1.10 |" in text

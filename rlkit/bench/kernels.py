@@ -465,7 +465,6 @@ def _render_rl_step(rows: list[dict]) -> list[str]:
            "| shape | design | path | step s | rollout s | train s | sync s | timed | mismatches / compared tokens | commit |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for shape, design in dict.fromkeys((r["shape"], r.get("design", "two runs")) for r in mine):
-        label_design = "alternating" if design == "interleaved" else design
         for path in ("strict", "native", "strict/native"):
             cells = {r["metric"]: r for r in mine if r["shape"] == shape and r["impl"] == path
                      and r.get("design", "two runs") == design}
@@ -475,14 +474,13 @@ def _render_rl_step(rows: list[dict]) -> list[str]:
             parts = [fmt.format(cells[p]["median"]) if p in cells else "-" for p in RL_STEP_PARTS]
             tokens = (f"{cells['mismatch_count']['median']:,.0f} / {cells['compared_tokens']['median']:,.0f}"
                       if "mismatch_count" in cells else "")
-            pairs = cells.get("step_s", {}).get("values") if path == "strict/native" else None
-            if path == "strict/native":
-                timed = (f"{len(pairs)} pairs, {min(pairs):.2f}-{max(pairs):.2f}"
-                         if design == "interleaved" and pairs else "")
+            if path == "strict/native":  # an alternating run's ratio row keeps every pair's value
+                pairs = cells.get("step_s", {}).get("values") if design == "alternating" else None
+                timed = f"{len(pairs)} pairs, {min(pairs):.2f}-{max(pairs):.2f}" if pairs else ""
             else:
                 timed = f"{cells['steps_timed']['median']:.0f}" if "steps_timed" in cells else ""
             label = f"**{path}**" if path == "strict/native" else path
-            out.append(f"| {shape} | {label_design} | {label} | " + " | ".join(parts) + f" | {timed} | {tokens} | "
+            out.append(f"| {shape} | {design} | {label} | " + " | ".join(parts) + f" | {timed} | {tokens} | "
                        f"{next(iter(cells.values()))['commit']} |")
     return out + [""]
 
