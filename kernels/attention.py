@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
 from rlkit.contract import NumericsContract
+from rlkit.kernels.determinism import deterministic_algorithms
 from rlkit.kernels.errors import OpInputError, check_float, check_same
 from rlkit.kernels.tree import pairwise_reduce, pairwise_sum_dim
 from rlkit.types import AttentionLayout
@@ -236,7 +237,37 @@ def native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionL
     """The native control. A packed causal prefill on CUDA: one varlen flash call (as a trainer runs
     it); otherwise torch SDPA per sequence (causal, or an explicit mask when queries start past position
     0; on CUDA its fused kernels, on the CPU its math form); a decode layout: the paged flash-decoding
-    kernel on CUDA, one batched SDPA over the gathered pages elsewhere."""
+    kernel on CUDA, one batched SDPA over the gathered pages elsewhere. Under autograd the same forward,
+    its backward run under torch's deterministic algorithms (`_ReplayableNative`)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _ReplayableNative.apply(q, k, v, layout)
+    return native_forward(q, k, v, layout)
+
+
+class _ReplayableNative(torch.autograd.Function):
+    """Native attention whose backward repeats bit for bit (kernels/determinism.py says why): the forward
+    builds native's own autograd graph and keeps it; the backward walks that graph under deterministic
+    algorithms. Nothing is recomputed: the saved tensors are those native's graph saves anyway."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, layout):
+        with torch.enable_grad():
+            leaves = tuple(t.detach().requires_grad_(True) for t in (q, k, v))
+            out = native_forward(*leaves, layout)
+        ctx.graph = (out, leaves)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, go):
+        out, leaves = ctx.graph
+        del ctx.graph  # the graph's saved tensors go with it
+        with deterministic_algorithms():
+            gq, gk, gv = torch.autograd.grad(out, leaves, go)
+        return gq, gk, gv, None
+
+
+def native_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
+    """`native` without the deterministic backward: torch's own autograd graph when grad is on."""
     check_inputs(q, k, v, layout)
     if layout.one_query_per_seq:
         if _tr.on_gpu(q, k, v) and q.dtype in (torch.bfloat16, torch.float16) and q.shape[1] // k.shape[-2] <= NATIVE_DECODE_TILE[0]:
@@ -814,8 +845,8 @@ def gpu_supported(q, k, contract: NumericsContract) -> bool:
 
 
 class _StrictAttention(torch.autograd.Function):
-    """Forward: the strict attention (Triton on CUDA, the reference elsewhere). Backward: native (torch
-    SDPA recomputed under autograd)."""
+    """Forward: the strict attention (Triton on CUDA, the reference elsewhere). Backward: native's (its
+    forward recomputed under autograd, its backward under deterministic algorithms, as `native`'s)."""
 
     @staticmethod
     def forward(ctx, q, k, v, layout, contract):
@@ -830,7 +861,8 @@ class _StrictAttention(torch.autograd.Function):
         q, k, v = ctx.saved_tensors
         with torch.enable_grad():
             qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
-            out = native(qq, kk, vv, ctx.layout)
+            out = native_forward(qq, kk, vv, ctx.layout)
+        with deterministic_algorithms():
             gq, gk, gv = torch.autograd.grad(out, (qq, kk, vv), go)
         return gq, gk, gv, None, None
 

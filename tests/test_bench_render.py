@@ -84,3 +84,13 @@ def test_rl_step_rows_of_two_calls_combine_into_the_ratio(tmp_path):
     res = subprocess.run([sys.executable, str(script), "--combine", str(tmp_path / "strict.jsonl"),
                           "--out", str(tmp_path / "out2")], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "needs both a strict and a native run" in res.stderr
+
+
+def test_attention_backward_table_reads_each_impl_of_a_shape():
+    rows = [_row("attention_backward", impl, "0.6b 16 x 655", "ms", ms)
+            for impl, ms in (("torch_atomic", 1.0), ("native", 1.25), ("strict", 2.0))]
+    rows += [_row("attention_backward", impl, "0.6b 16 x 655", "ratio_vs_torch_atomic", r)
+             for impl, r in (("native", 0.8), ("strict", 0.5))]
+    text = render(rows)
+    assert "| 0.6b 16 x 655 | 1.000 | 1.250 | 2.000 | 0.800 | 0.500 |" in text
+    assert "forward + backward" not in render([_row("swiglu", "strict", "s", "ratio_vs_native", 1.0)])

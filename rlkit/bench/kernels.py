@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import os
 import time
@@ -282,6 +283,42 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
 
 
 # -- logprob and the row-wise ops ---------------------------------------------------------------------
+ATTENTION_BACKWARD_SHAPES = {"0.6b validation 16 x 655": [655] * 16, "1.7b trainer-heavy 16 x 2,191": [2191] * 16,
+                             "0.6b source 64 x 3,600": [3600] * 64}
+"""A trainer's packed batches (Qwen3 0.6b and 1.7b share 16 q / 8 kv heads of 128): the RL-step shapes'
+prompt + response lengths (the source shape's responses average about half their 6,912-token cap)."""
+
+
+def bench_attention_backward(rec: Recorder, shapes=ATTENTION_BACKWARD_SHAPES) -> None:
+    """Attention forward + backward as the trainer runs it: torch's varlen flash with its own backward
+    (atomic dQ sums: `native_forward`), native as rlkit runs it (the same, its backward under
+    deterministic algorithms: kernels/determinism.py) and strict (the Triton forward, native's
+    deterministic backward after a recompute). What the repeatable backward costs each path."""
+    from rlkit import NumericsContract
+    from rlkit.kernels import attention
+    from rlkit.types import AttentionLayout
+
+    c = NumericsContract.default()
+    impls = {"torch_atomic": attention.native_forward, "native": attention.native,
+             "strict": lambda q, k, v, lay: attention.strict(q, k, v, lay, c)}
+    for name, lens in shapes.items():
+        t = sum(lens)
+        cu = torch.tensor([0] + list(itertools.accumulate(lens)), device="cuda")
+        layout = AttentionLayout.prefill(cu)
+        q, k, v, g = (_randn(t, n, 128, seed=40 + i) for i, n in enumerate((16, 8, 8, 16)))
+        leaves = [x.requires_grad_(True) for x in (q, k, v)]
+        times = {}
+        for impl, fn in impls.items():
+            def step():
+                for x in leaves:
+                    x.grad = None
+                fn(*leaves, layout).backward(g)
+            times[impl] = _bench(step, rep=50)
+            rec.add("attention_backward", impl, name, "ms", times[impl])
+        for impl in ("native", "strict"):
+            rec.add("attention_backward", impl, name, "ratio_vs_torch_atomic", times["torch_atomic"] / times[impl])
+
+
 def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096)) -> None:
     from rlkit import NumericsContract
     from rlkit.kernels import logprob
@@ -485,6 +522,24 @@ def _render_rl_step(rows: list[dict]) -> list[str]:
     return out + [""]
 
 
+def _render_attention_backward(rows: list[dict]) -> list[str]:
+    sel = [r for r in rows if r["op"] == "attention_backward"]
+    shapes = list(dict.fromkeys(r["shape"] for r in sel))
+    if not shapes:
+        return []
+    out = ["## Attention forward + backward as the trainer runs it (GQA 16 / 8, D = 128)", "",
+           "torch: varlen flash with its own backward (atomic dQ sums, not repeatable); native and strict: "
+           "the backward under deterministic algorithms (kernels/determinism.py), strict's after recomputing "
+           "native's forward. Ratio = torch's time / this one's.", "",
+           "| shape | torch ms | native ms | strict ms | native ratio | strict ratio |", "|---|---|---|---|---|---|"]
+    for shape in shapes:
+        cell = lambda impl, metric: next((f"{r['median']:.3f}" for r in sel if r["shape"] == shape  # noqa: E731
+                                          and r["impl"] == impl and r["metric"] == metric), "-")
+        out.append(f"| {shape} | {cell('torch_atomic', 'ms')} | {cell('native', 'ms')} | {cell('strict', 'ms')} | "
+                   f"{cell('native', 'ratio_vs_torch_atomic')} | {cell('strict', 'ratio_vs_torch_atomic')} |")
+    return out + [""]
+
+
 def render(rows: list[dict]) -> str:
     """BENCHMARKS.md from the rows: each table only reads them."""
     if not rows:
@@ -524,6 +579,7 @@ def render(rows: list[dict]) -> str:
             fmt = lambda v: f"{v:.3f}" if v is not None else "-"  # noqa: E731
             out.append(f"| {r['shape']} | {r['impl']} | {r['metric']} | {r['median']:.3f} | {fmt(ms_s)} | {fmt(ms_n)} |")
         out.append("")
+    out += _render_attention_backward(rows)
     tuned = [r for r in rows if r["op"] == "attention_tune" and r["impl"] in ("unmasked", "masked")]
     if tuned:  # the form the default plan does not take, timed and checked bit for bit beside it
         out += ["## Attention: the other masking form, timed beside the plan's (`--tune`; the tables above are the "
@@ -551,6 +607,7 @@ def run(out_dir: str | Path, quick: bool = False, tune: bool = False, parts=("ge
                                    layers=gemm_layers),
         "attention": lambda: bench_attention(rec, seqlens=(1024,) if quick else (1024, 4096, 16384), tune=tune),
         "logprob": lambda: bench_logprob(rec, ms=(1, 1024) if quick else (1, 64, 1024, 4096)),
+        "attention_backward": lambda: bench_attention_backward(rec),
         "rowwise": lambda: bench_rowwise(rec),
         "engine": lambda: bench_engine_steps(rec, steps=ENGINE_STEPS[:1] if quick else ENGINE_STEPS),
     }

@@ -248,3 +248,39 @@ def test_rope_backward_shared_by_both_paths_close_to_autograd():
     eager = grad(lambda a: rope.native_eager(a, pos, 1e6))
     assert_bitwise_equal(strict, native, "RoPE: strict and native share the backward")
     assert rel(strict, eager) < 2e-2, rel(strict, eager)
+
+
+def _attention_grads(fn, q, k, v, g, layout):
+    leaves = [t_.clone().requires_grad_(True) for t_ in (q, k, v)]
+    fn(*leaves, layout).backward(g)
+    return [t_.grad for t_ in leaves]
+
+
+@pytest.mark.parametrize("path", ["strict", "native"])
+def test_attention_backward_repeats_bit_for_bit(path):
+    """A resumed run replays its steps and must find the stored weights (rlkit/rundir.py): the attention
+    backward, both paths, gives the same bits every time at a trainer's shape (16 sequences of 1-2k tokens,
+    GQA 16/8, many key blocks a query block: the case whose atomic dQ sums repeat least). Printed beside it:
+    whether torch's own backward (`native_forward` under autograd, no deterministic scope) repeated in the
+    same number of tries, the reason the scope exists (kernels/determinism.py)."""
+    from rlkit.types import AttentionLayout
+    from rlkit.kernels import attention
+
+    lens = [1024 + 61 * i for i in range(16)]
+    t, heads, kv_heads, d = sum(lens), 16, 8, 128
+    q, k, v, g = (randn(t, n, d, seed=30 + i) for i, n in enumerate((heads, kv_heads, kv_heads, heads)))
+    layout = AttentionLayout.prefill(torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], device=DEV))
+    contract = NumericsContract.default()
+    fn = ((lambda q_, k_, v_, lay: attention.strict(q_, k_, v_, lay, contract)) if path == "strict"
+          else attention.native)
+    first = _attention_grads(fn, q, k, v, g, layout)
+    plain_first = _attention_grads(attention.native_forward, q, k, v, g, layout)
+    plain_repeats = True
+    for _ in range(4):
+        again = _attention_grads(fn, q, k, v, g, layout)
+        for name, a, b in zip("qkv", again, first):
+            assert_bitwise_equal(a, b, f"{path} attention's d{name}, a repeat of the same backward")
+        plain = _attention_grads(attention.native_forward, q, k, v, g, layout)
+        plain_repeats &= all(torch.equal(a, b) for a, b in zip(plain, plain_first))
+    assert not torch.are_deterministic_algorithms_enabled(), "the scope must restore the caller's setting"
+    print(f"torch's backward without the deterministic scope repeated in 4 tries: {plain_repeats}")
