@@ -94,3 +94,11 @@ def test_attention_backward_table_reads_each_impl_of_a_shape():
     text = render(rows)
     assert "| 0.6b 16 x 655 | 1.000 | 1.250 | 2.000 | 0.800 | 0.500 |" in text
     assert "forward + backward" not in render([_row("swiglu", "strict", "s", "ratio_vs_native", 1.0)])
+
+
+def test_a_shape_measured_at_two_commits_keeps_both_measurements():
+    rows = [dict(_row("rl_step", "strict/native", "validation", "step_s", v, sha), design="alternating",
+                 values=[v]) for v, sha in ((1.02, "aaa1111"), (1.00, "bbb2222"))]
+    text = render(rows)
+    assert "| validation | alternating | **strict/native** | 1.02 | - | - | - | 1 pairs, 1.02-1.02 |  | aaa1111 |" in text
+    assert "| validation | alternating | **strict/native** | 1.00 | - | - | - | 1 pairs, 1.00-1.00 |  | bbb2222 |" in text

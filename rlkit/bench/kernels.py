@@ -501,10 +501,11 @@ def _render_rl_step(rows: list[dict]) -> list[str]:
            "Timed: steps a path, or pairs.", "",
            "| shape | design | path | step s | rollout s | train s | sync s | timed | mismatches / compared tokens | commit |",
            "|---|---|---|---|---|---|---|---|---|---|"]
-    for shape, design in dict.fromkeys((r["shape"], r.get("design", "two runs")) for r in mine):
+    # one block of lines per measurement: a shape measured again (another commit, another design) keeps both
+    for shape, design, sha in dict.fromkeys((r["shape"], r.get("design", "two runs"), r["commit"]) for r in mine):
         for path in ("strict", "native", "strict/native"):
             cells = {r["metric"]: r for r in mine if r["shape"] == shape and r["impl"] == path
-                     and r.get("design", "two runs") == design}
+                     and r.get("design", "two runs") == design and r["commit"] == sha}
             if not cells:
                 continue
             fmt = "{:.2f}" if path == "strict/native" else "{:.3f}"
@@ -518,7 +519,7 @@ def _render_rl_step(rows: list[dict]) -> list[str]:
                 timed = f"{cells['steps_timed']['median']:.0f}" if "steps_timed" in cells else ""
             label = f"**{path}**" if path == "strict/native" else path
             out.append(f"| {shape} | {design} | {label} | " + " | ".join(parts) + f" | {timed} | {tokens} | "
-                       f"{next(iter(cells.values()))['commit']} |")
+                       f"{sha} |")
     return out + [""]
 
 
