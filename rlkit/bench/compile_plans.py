@@ -27,7 +27,7 @@ import torch
 
 from rlkit.contract import V1_NAME, V2_NAME, V3_NAME, V4_NAME, V5_NAME, NumericsContract
 from rlkit.kernels import _triton as _tr
-from rlkit.kernels import attention, gemm, gemm_kernels, logprob, rms_norm, rope, swiglu
+from rlkit.kernels import attention, attention_kernel, gemm, gemm_kernels, logprob, rms_norm, rope, swiglu
 from rlkit.model.config import MODEL_PRESETS, Qwen3Config
 from rlkit.types import AttentionLayout
 
@@ -296,9 +296,9 @@ def _attention_requests(plan: dict, q_shape, k, contract: NumericsContract, dtyp
     args = tensors + (i32,) * 7 + (heads * d, d, stride_kt, stride_ks, stride_kh, stride_bt, page, heads,
                                    plan["max_splits"], float(d ** -0.5))
     if plan["mode"] == "fused":
-        return [("fused", attention._attn_kernel, args, dict(common, MODE=0))]
-    return [("split", attention._attn_kernel, args, dict(common, MODE=1)),
-            ("merge", attention._attn_kernel, args, dict(common, MODE=2))]
+        return [("fused", attention_kernel._attn_kernel, args, dict(common, MODE=0))]
+    return [("split", attention_kernel._attn_kernel, args, dict(common, MODE=1)),
+            ("merge", attention_kernel._attn_kernel, args, dict(common, MODE=2))]
 
 
 def _rowwise(col: _Collector, cfg: Qwen3Config, contract: NumericsContract, dtype: torch.dtype) -> None:

@@ -19,7 +19,7 @@ import torch
 
 from rlkit import NumericsContract
 from rlkit.bitwise import assert_bitwise_equal, compare
-from rlkit.kernels import attention, gemm, logprob, rms_norm, rope, swiglu
+from rlkit.kernels import attention, attention_kernel, attention_native, gemm, logprob, rms_norm, rope, swiglu
 from rlkit.types import AttentionLayout
 
 pytestmark = pytest.mark.gpu
@@ -354,7 +354,7 @@ def test_attention_every_decode_position_equals_prefill(contract, group):
     for mode in ("fused", "split"):
         assert_bitwise_equal(attention.triton_attention(q, cache.k, cache.v, lay, contract, mode), want,
                              f"{len(rows)} decode positions ({mode}) vs prefill")
-        # the key blocks a tile sees whole, without masks: the same values (attention._block_step)
+        # the key blocks a tile sees whole, without masks: the same values (attention_kernel._block_step)
         plan = attention.attention_plan(q.shape, cache.k, lay, contract, mode, unmasked_full=True)
         assert_bitwise_equal(attention.launch(plan, q, cache.k, cache.v, contract)[0], want,
                              f"{len(rows)} decode positions ({mode}, unmasked full blocks) vs prefill")
@@ -393,7 +393,7 @@ def test_native_paged_decode_is_close_and_is_the_native_path():
     lay = AttentionLayout.paged_decode(torch.tensor(lens, device=DEV), bt)
     out = attention.native_paged_decode(q, cache.k, cache.v, lay)
     assert_bitwise_equal(attention.native(q, cache.k, cache.v, lay), out, "native() dispatches to it on CUDA")
-    ref = attention._native_decode(q, cache.k, cache.v, lay)
+    ref = attention_native._native_decode(q, cache.k, cache.v, lay)
     assert rel(out, ref) < 1e-2
     strict = torch.cat([prefill([seqs[s]])[-1:] for s in sids])
     print(compare(out, strict, "native paged decode vs strict prefill (control, not asserted)"))

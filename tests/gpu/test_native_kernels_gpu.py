@@ -176,7 +176,7 @@ def test_native_packed_prefill_is_one_varlen_flash_call_close_forward_and_backwa
     """The trainer's native attention: a packed causal prefill runs as one varlen flash call (causal,
     sequences kept apart, GQA), close to per-sequence fp32 attention in value and in gradient."""
     from rlkit.types import AttentionLayout
-    from rlkit.kernels import attention
+    from rlkit.kernels import attention, attention_native
 
     lens = [5, 300, 129, 1024]
     t, heads, kv_heads, d = sum(lens), 16, 8, 128
@@ -186,7 +186,7 @@ def test_native_packed_prefill_is_one_varlen_flash_call_close_forward_and_backwa
     assert attention.varlen_prefill_ok(q, layout, attention.host_bounds(layout)), (
         f"this torch ({torch.__version__}) has no varlen flash attention: the native prefill loops instead")
     out = attention.native(q, k, v, layout)
-    assert attention._VARLEN is not None, "varlen flash refused the call (see the warning)"
+    assert attention_native._VARLEN is not None, "varlen flash refused the call (see the warning)"
     want = _per_sequence_fp32(q, k, v, lens)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert rel(out, want) < 1e-2, rel(out, want)

@@ -10,7 +10,7 @@ import torch
 from rlkit import NumericsContract
 from rlkit.bitwise import assert_bitwise_equal, compare
 from rlkit.contract import AttentionSpec
-from rlkit.kernels import attention
+from rlkit.kernels import attention, attention_kernel
 from rlkit.kernels.errors import OpInputError
 from rlkit.types import AttentionLayout
 from tests.kernels.tolerances import REL_TOL, rel_err
@@ -185,7 +185,7 @@ def test_launch_plan_cache_keys_the_layout_weakly():
     assert attention.attention_plan(q.shape, k, layout, c) is plan
     assert attention.attention_plan(q.shape, k, layout, c, mode="split") is not plan
     assert all(v is not layout for v in plan.values())
-    n = len(attention._PLAN_CACHE)
+    n = len(attention_kernel._PLAN_CACHE)
     del layout
     gc.collect()
-    assert len(attention._PLAN_CACHE) == n - 1
+    assert len(attention_kernel._PLAN_CACHE) == n - 1

@@ -362,11 +362,11 @@ def test_attention_v4_tiles_cover_the_same_queries():
 @pytest.fixture(params=[False, True], ids=["masked", "unmasked_full"])
 def unmasked_full(request):
     """Plans with and without the unmasked path for the key blocks a tile sees whole."""
-    from rlkit.kernels import attention
-    saved = attention.UNMASKED_FULL
-    attention.UNMASKED_FULL = request.param
+    from rlkit.kernels import attention_kernel
+    saved = attention_kernel.UNMASKED_FULL
+    attention_kernel.UNMASKED_FULL = request.param
     yield request.param
-    attention.UNMASKED_FULL = saved
+    attention_kernel.UNMASKED_FULL = saved
 
 
 @pytest.mark.parametrize("version", ATT_CONTRACTS)
