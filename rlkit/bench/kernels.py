@@ -282,7 +282,6 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
         rec.add("attention", f"strict_{mode}", "last compiled", "spills", ln.spills)
 
 
-# -- logprob and the row-wise ops ---------------------------------------------------------------------
 ATTENTION_BACKWARD_SHAPES = {"0.6b validation 16 x 655": [655] * 16, "1.7b trainer-heavy 16 x 2,191": [2191] * 16,
                              "0.6b source 64 x 3,600": [3600] * 64}
 """A trainer's packed batches (Qwen3 0.6b and 1.7b share 16 q / 8 kv heads of 128): the RL-step shapes'
@@ -319,6 +318,7 @@ def bench_attention_backward(rec: Recorder, shapes=ATTENTION_BACKWARD_SHAPES) ->
             rec.add("attention_backward", impl, name, "ratio_vs_torch_atomic", times["torch_atomic"] / times[impl])
 
 
+# -- logprob and the row-wise ops ---------------------------------------------------------------------
 def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096)) -> None:
     from rlkit import NumericsContract
     from rlkit.kernels import logprob
