@@ -231,22 +231,23 @@ def validation_0_6b(**overrides) -> RunConfig:
 
 def learning_0_6b(**overrides) -> RunConfig:
     """One arm of the learning runs (lab/learning_h200.py): qwen3-0.6b shape started from a warm-start
-    checkpoint (`init_checkpoint`, rlkit/warmstart.py), eight-digit addition answered with its working
-    ("add8w": 141-157-token responses, 152 on average; rlkit/data/arith.py), seed 1234, 16 prompts x 16
-    samples a step (group spread for GRPO): 256 x 152 = ~39 k compared response tokens a step, ~11.7 M in
-    300 steps (issue 17 asks >= 10 M). The held-out reward (256 prompts) every 10 steps, a checkpoint every
-    50 steps and where a stop request ends a device call. The engine holds the whole step at once: 256
-    sequences of up to 256 positions (prompt <= 52 + the task's 192 new tokens) in 256 x 16 pages of 16, and
-    the step's ~13 k prompt tokens prefill in one 16,384-token forward. The trainer takes the ~52 k tokens
-    (prompt + response) of a step in 8,192-token micro-batches (the validation's shape, 16 x ~660 tokens
-    in one backward, peaked at 59.7 GiB on the native path). The learning rate is a first guess for RL
-    after a supervised start (not tuned yet)."""
-    cfg = RunConfig(model="qwen3-0.6b", dtype="bfloat16", device="cuda", task="add8w", steps=300, seed=1234,
+    checkpoint (`init_checkpoint`, rlkit/warmstart.py), nine-digit addition worked column by column from
+    labelled column pairs ("add9c": 95-token prompts, 153-162-token responses, ~157 on average;
+    rlkit/data/arith.py), seed 1234, 16 prompts x 16 samples a step (group spread for GRPO): 256 x 157 =
+    ~40 k compared response tokens a step, ~12 M in 300 steps (issue 17 asks >= 10 M). The held-out
+    reward (256 prompts) every 10 steps, a checkpoint every 50 steps and where a stop request ends a device
+    call. The engine holds the whole step at once: 256 sequences of up to 288 positions (the 95-token
+    prompt + the task's 192 new tokens) in 256 x 18 pages of 16, and the step's ~24 k prompt tokens
+    prefill in 16,384-token forwards. The trainer takes the ~65 k tokens (prompt + response) of a step in
+    8,192-token micro-batches (the validation's shape, 16 x ~660 tokens in one backward, peaked at 59.7
+    GiB on the native path). The learning rate is a first guess for RL after a supervised start from
+    scratch at 3e-4 (not tuned)."""
+    cfg = RunConfig(model="qwen3-0.6b", dtype="bfloat16", device="cuda", task="add9c", steps=300, seed=1234,
                     prompts_per_step=16, samples_per_prompt=16, locate_every=0, checkpoint_every=50,
                     heldout_every=10, heldout_prompts=256,
-                    engine=EngineConfig(page_size=16, num_pages=4096, max_num_seqs=256, max_batch_tokens=16384,
-                                        max_model_len=256),
-                    optim=OptimConfig(lr=5e-6, max_batch_tokens=16384, micro_batch_tokens=8192))
+                    engine=EngineConfig(page_size=16, num_pages=4608, max_num_seqs=256, max_batch_tokens=16384,
+                                        max_model_len=288),
+                    optim=OptimConfig(lr=1e-5, max_batch_tokens=16384, micro_batch_tokens=8192))
     return cfg.replace(**overrides)
 
 

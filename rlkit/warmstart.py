@@ -54,7 +54,7 @@ class WarmStartConfig:
     starts from them must use the same."""
     device: str = "cpu"
     task: str = "add2"
-    """A synthetic task (arith | add2 | add3 | add8w); its training split trains (on each problem's
+    """A synthetic task (arith | add2 | add3 | add8w | add9c); its training split trains (on each problem's
     demonstration), its held-out split measures."""
     seed: int = 0
     """Seeds the init, the training batches and the held-out sampling."""
@@ -67,6 +67,10 @@ class WarmStartConfig:
     bf16 autocast on CUDA). The held-out evaluation always runs rlkit's engine."""
     tf32: bool | None = None
     """Let the training step's fp32 GEMMs use TF32 (rlkit/train/warm_start.py); None: on for CUDA only."""
+    repeatable: bool = True
+    """Train under torch's deterministic algorithms (rlkit/train/warm_start.py), so the phase run again
+    from the same seed for the same steps gives the same weights bit for bit (the learning runs rebuild
+    one warm start in every device session and check its checksum)."""
     max_steps: int = 1000
     max_minutes: float = 0.0
     """Wall-clock budget of training and evaluation (0: none); checked after every step."""
@@ -123,18 +127,19 @@ class WarmStartConfig:
 
 def warmstart_0_6b(**overrides) -> WarmStartConfig:
     """The learning runs' warm start (lab/learning_h200.py): qwen3-0.6b shape from its seeded init, bf16
-    on the H200, eight-digit addition trained on its whole working ("add8w", ~152 target tokens a problem),
-    64-problem batches (~13 k tokens, ~9.7 k of them trained) through transformers' Qwen3 on the model's
-    parameters (bf16 autocast, TF32; rlkit's own native prefill runs one attention call per sequence),
-    AdamW 3e-4 after 50 warmup steps, the held-out reward (256 prompts, sampled at temperature 1 like the
-    RL rollouts, up to the task's 192 new tokens each) every 25 steps, within an 8-minute budget per device
-    call. Why 64 and not add2's 256 problems: 256 x ~205 tokens would keep ~52 k tokens of the eager
-    forward's activations alive, estimated > 100 GiB for this shape. The evaluation engine has the RL arms'
-    settings (rlkit.config.learning_0_6b): all 256 held-out prompts decode at once."""
-    cfg = WarmStartConfig(model="qwen3-0.6b", dtype="bfloat16", device="cuda", task="add8w", seed=1234,
+    on the H200, nine-digit addition from labelled column pairs trained on its whole working ("add9c",
+    95 prompt + ~157 target tokens a problem), 64-problem batches (~16 k tokens, ~10 k of them trained)
+    through transformers' Qwen3 on the model's parameters (bf16 autocast, TF32; rlkit's own native
+    prefill runs one attention call per sequence), AdamW 3e-4 after 50 warmup steps, the held-out reward
+    (256 prompts, sampled at temperature 1 like the RL rollouts, up to the task's 192 new tokens each)
+    every 20 steps, within an 8-minute budget per device call. Why 64 and not add2's 256 problems: 256 x
+    ~250 tokens would keep ~64 k tokens of the eager forward's activations alive, estimated > 100 GiB for
+    this shape. The evaluation engine has the RL arms' settings (rlkit.config.learning_0_6b): all 256
+    held-out prompts decode at once."""
+    cfg = WarmStartConfig(model="qwen3-0.6b", dtype="bfloat16", device="cuda", task="add9c", seed=1234,
                           backend="transformers",
                           batch_size=64, lr=3e-4, warmup_steps=50, max_steps=20_000, max_minutes=8.0,
-                          eval_every=25, eval_prompts=256, engine=learning_0_6b().engine)
+                          eval_every=20, eval_prompts=256, engine=learning_0_6b().engine)
     return dataclasses.replace(cfg, **overrides)
 
 
@@ -223,7 +228,8 @@ def _phase(cfg: WarmStartConfig, out_dir: Path, progress: bool, stop, log) -> di
     in_band_at_start = band[0] <= history[0]["reward"] <= band[1]
     losses = [] if in_band_at_start else warm_start(
         model, cfg.max_steps, cfg.seed, task=cfg.task, batch_size=cfg.batch_size, lr=cfg.lr,
-        warmup_steps=cfg.warmup_steps, tf32=bool(cfg.tf32), backend=cfg.backend, progress=progress, stop=stop, until=until)
+        warmup_steps=cfg.warmup_steps, tf32=bool(cfg.tf32), backend=cfg.backend, repeatable=cfg.repeatable,
+        progress=progress, stop=stop, until=until)
     if in_band_at_start:
         reason[0] = "in the target band before training"
     if history[-1]["step"] != len(losses):  # the weights saved are the weights measured last

@@ -84,8 +84,8 @@ def addition_problems(n: int, seed: int, split: str = "train", *, digits: int) -
             for i, (a, b) in enumerate(_pairs(n, seed, split, digits))]
 
 
-def worked_solution(a: int, b: int, digits: int) -> str:
-    """The column-by-column solution of a+b over `digits` columns, ending with the line "Answer: a+b"."""
+def column_lines(a: int, b: int, digits: int) -> list[str]:
+    """One line "i: x+y+c=s write w carry k" a column of a+b, from the units up, over `digits` columns."""
     if not (0 <= a < 10**digits and 0 <= b < 10**digits):
         raise ValueError(f"{a}+{b}: operands must lie in 0..{10**digits - 1}")
     lines, carry = [], 0
@@ -94,8 +94,17 @@ def worked_solution(a: int, b: int, digits: int) -> str:
         s = x + y + carry
         lines.append(f"{i + 1}: {x}+{y}+{carry}={s} write {s % 10} carry {s // 10}")
         carry = s // 10
-    lines.append(f"Answer: {a + b}")
-    return "\n".join(lines)
+    return lines
+
+
+def worked_solution(a: int, b: int, digits: int) -> str:
+    """The column-by-column solution of a+b over `digits` columns, ending with the line "Answer: a+b"."""
+    return "\n".join(column_lines(a, b, digits) + [f"Answer: {a + b}"])
+
+
+def column_solution(a: int, b: int, digits: int) -> str:
+    """The column lines alone: the sum is what they write (rlkit.data.rewards.working_sum_reward)."""
+    return "\n".join(column_lines(a, b, digits))
 
 
 def worked_addition_problems(n: int, seed: int, split: str = "train", *, digits: int) -> list[Problem]:
@@ -106,9 +115,23 @@ def worked_addition_problems(n: int, seed: int, split: str = "train", *, digits:
             for i, (a, b) in enumerate(_pairs(n, seed, split, digits))]
 
 
+def column_addition_problems(n: int, seed: int, split: str = "train", *, digits: int) -> list[Problem]:
+    """As addition_problems (the same pairs for the same seed and split), the prompt listing each column's
+    digit pair under the label its working line starts with; the Problem's demonstration is
+    `column_solution` and the answer is the sum."""
+    return [Problem(f"add{digits}c-{split}-{seed}-{i}", _columns_question(a, b, digits), str(a + b),
+                    f"add{digits}c", demonstration=column_solution(a, b, digits))
+            for i, (a, b) in enumerate(_pairs(n, seed, split, digits))]
+
+
 def _question(a: int, b: int) -> str:
     return f"What is {a}+{b}? Reply with the number only."
 
 
 def _worked_question(a: int, b: int) -> str:
     return f'What is {a}+{b}? Work column by column from the units up, then give the sum as "Answer: N".'
+
+
+def _columns_question(a: int, b: int, digits: int) -> str:
+    pairs = ", ".join(f"{i + 1}: {a // 10**i % 10}+{b // 10**i % 10}" for i in range(digits))
+    return f"Add by columns, carrying, from the units up: {pairs}."

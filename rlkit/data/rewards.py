@@ -1,5 +1,6 @@
 """Reward functions: DAPO's "Answer: N" last line, GSM8K's "#### N", the arithmetic task's answer, and
-the worked arithmetic tasks' number after the last "Answer:".
+the worked arithmetic tasks' number after the last "Answer:", and the column tasks' sum as the working
+writes it.
 
 Each returns 1.0 for a correct final answer and 0.0 otherwise (no partial credit: the reward is the
 task's own criterion, so reward curves compare across runs).
@@ -54,6 +55,21 @@ def final_answer_reward(response: str, answer: str) -> float:
     return float(bool(m) and _normalize(m.group(1)) == _normalize(answer))
 
 
+_COLUMN_LINE = re.compile(r"(\d+): \d\+\d\+\d=\d+ write (\d) carry (\d)")
+
+
+def working_sum_reward(response: str, answer: str) -> float:
+    """Column tasks (add9c): the sum the working writes equals the answer. The working is the response's
+    lines of the form "i: x+y+c=s write w carry k" (other lines are not read); they must be labelled 1, 2,
+    ... in order, and the sum they write is the last line's carry followed by their written digits from
+    the last line up. Only w and k are read, so a wrong "x+y+c=s" under the right digits still scores."""
+    lines = [m for m in map(_COLUMN_LINE.fullmatch, response.strip().splitlines()) if m]
+    if not lines or [int(m.group(1)) for m in lines] != list(range(1, len(lines) + 1)):
+        return 0.0
+    written = lines[-1].group(3) + "".join(m.group(2) for m in reversed(lines))
+    return float(_normalize(answer).lstrip("-").isdigit() and int(written) == int(_normalize(answer)))
+
+
 def ascii_share(response: str) -> float:
     """A shaping term, not a task reward: the share of the response's characters that are ASCII, a
     language-consistency reward for English prompts (in the spirit of DeepSeek-R1's: the share of the
@@ -61,4 +77,5 @@ def ascii_share(response: str) -> float:
     return sum(c < "\x80" for c in response) / len(response) if response else 0.0
 
 
-REWARDS = {"dapo": dapo_reward, "gsm8k": gsm8k_reward, "arith": arith_reward, "final_answer": final_answer_reward}
+REWARDS = {"dapo": dapo_reward, "gsm8k": gsm8k_reward, "arith": arith_reward, "final_answer": final_answer_reward,
+           "working_sum": working_sum_reward}

@@ -8,9 +8,9 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from rlkit.data.arith import addition_problems, arith_problems, worked_addition_problems
+from rlkit.data.arith import addition_problems, arith_problems, column_addition_problems, worked_addition_problems
 from rlkit.data.datasets import Problem, load_dapo, load_gsm8k
-from rlkit.data.rewards import arith_reward, dapo_reward, final_answer_reward, gsm8k_reward
+from rlkit.data.rewards import arith_reward, dapo_reward, final_answer_reward, gsm8k_reward, working_sum_reward
 
 HELDOUT_SEED = 2_718_281
 """The seed of every task's held-out set: the same problems for every run and every arm."""
@@ -66,6 +66,7 @@ TASKS = {
     "add2": Task("add2", arith_reward, 6, functools.partial(addition_problems, digits=2)),
     "add3": Task("add3", arith_reward, 8, functools.partial(addition_problems, digits=3)),
     "add8w": Task("add8w", final_answer_reward, 192, functools.partial(worked_addition_problems, digits=8)),
+    "add9c": Task("add9c", working_sum_reward, 192, functools.partial(column_addition_problems, digits=9)),
     "gsm8k": Task("gsm8k", gsm8k_reward, 256),
     "dapo": Task("dapo", dapo_reward, 512),
 }

@@ -17,7 +17,11 @@ the model's dtype), a true result ends the warm start there (rlkit/warmstart.py 
 band this way). On a GPU, `tf32` lets the fp32 GEMMs of the forward and backward use TF32 tensor cores
 (torch.set_float32_matmul_precision("high"), set around each step's compute and restored after it, so
 nothing else in the process, the evaluator included, runs under it); bf16 autocast is no option here, as
-rlkit's ops refuse operands of mixed dtypes.
+rlkit's ops refuse operands of mixed dtypes. `repeatable` runs each step (forward, backward, optimizer)
+under torch's deterministic algorithms (rlkit.kernels.determinism; on CUDA it sets CUBLAS_WORKSPACE_CONFIG
+when unset, which torch's check reads at every cuBLAS call): SDPA's memory-efficient backward then sums
+its key splits in one program and the embedding's and the gather's gradients add in a fixed order, so the
+same seed and steps give the same weights bit for bit.
 
     from rlkit.train.warm_start import warm_start
     losses = warm_start(model, steps=100, seed=0)
@@ -26,6 +30,7 @@ rlkit's ops refuse operands of mixed dtypes.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -34,6 +39,7 @@ from typing import Callable
 import torch
 
 from rlkit import NumericsContract, ops
+from rlkit.kernels.determinism import deterministic_algorithms
 from rlkit.data.tasks import TASKS, task as get_task
 from rlkit.model.qwen3 import ForwardBatch
 from rlkit.model.tokenizer import EOS_ID, PAD_ID, chat_prompt_ids, load_tokenizer
@@ -130,7 +136,8 @@ def _padded(problems, tok, device) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 
 def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size: int = 64, lr: float = 3e-3,
-               warmup_steps: int = 0, tf32: bool = False, backend: str = "rlkit", progress: bool = False,
+               warmup_steps: int = 0, tf32: bool = False, backend: str = "rlkit", repeatable: bool = False,
+               progress: bool = False,
                stop: threading.Event | None = None,
                on_step: Callable[[WarmStartProgress], None] | None = None,
                until: Callable[[WarmStartProgress], bool] | None = None) -> list[float]:
@@ -162,6 +169,9 @@ def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size:
     twin = _transformers_twin(model).train() if backend == "transformers" else None
     amp = (torch.autocast("cuda", dtype=torch.bfloat16) if twin is not None and device.type == "cuda"
            else contextlib.nullcontext())
+    if repeatable and device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    in_order = deterministic_algorithms if repeatable else contextlib.nullcontext
     model.train()
     try:
         with ops.use_contract(NumericsContract.native()):
@@ -172,7 +182,7 @@ def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size:
                     for group in opt.param_groups:
                         group["lr"] = lr * min(1.0, (step + 1) / warmup_steps)
                 problems = generate(batch_size, seed * 100_003 + step, "train")
-                with _tf32(tf32):
+                with _tf32(tf32), in_order():
                     if twin is None:
                         seqs, rows, labels = _batch(problems, tok)
                         hidden = model(ForwardBatch.packed([s.to(device) for s in seqs]))
