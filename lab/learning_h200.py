@@ -86,12 +86,14 @@ def print_steps(path: str, steps, compared_before: int = 0) -> None:
               f"mismatch {s.mismatch_count:5d}/{s.compared_tokens:<5d} max|d| {s.max_abs_diff:.3g} "
               f"ratio [{s.ratio_min:.4f}, {s.ratio_max:.4f}] clipped {s.clip_fraction:.4f} grad {grad} "
               f"len {length} entropy~ {entropy} compared so far {compared / 1e6:.3f} M of "
-              f"{COMPARED_TARGET / 1e6:.0f} M step {s.timings['step_s']:.2f}s", flush=True)
+              f"{COMPARED_TARGET / 1e6:.0f} M step {s.timings['step_s']:.2f}s (rollout "
+              f"{s.timings.get('rollout_s', 0):.2f} train {s.timings.get('train_s', 0):.2f} sync "
+              f"{s.timings.get('sync_s', 0):.2f})", flush=True)
 
 
 def arm_phase(args) -> int:
     run_dir = Path(args.work) / f"arm-{args.path}"
-    cfg = learning_0_6b(path=args.path, steps=args.steps, init_checkpoint=str(args.ckpt),
+    cfg = learning_0_6b(path=args.path, steps=args.steps, init_checkpoint=str(args.ckpt), runner=args.runner,
                         **(DRY_ARM if args.dry_run else {}))
     before, wall = 0, 0.0
     if (run_dir / DB_NAME).exists():
@@ -134,6 +136,9 @@ def main() -> int:
     a.add_argument("--minutes", type=float, default=8.0)
     a.add_argument("--work", default="/tmp/rlkit-learning", help="where the arms' run folders live")
     a.add_argument("--out", help="export the arm's store under this folder")
+    a.add_argument("--runner", choices=["local", "ray"], default="local",
+                   help="ray: the trainer and the rollout engine as Ray actors sharing the GPU (issue 17); "
+                        "Ray must be importable (lab/device_carry.py)")
     for p in (w, a):
         p.add_argument("--dry-run", action="store_true", help="the same phase on the CPU with the tiny preset")
     args = ap.parse_args()

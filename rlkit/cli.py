@@ -137,7 +137,8 @@ def _add_run(sub) -> None:
     p.add_argument("--preset", choices=sorted(MODEL_PRESETS), help="model preset (default tiny)")
     p.add_argument("--task", choices=list(TASKS),
                    help="default arith (add2 / add3: multi-digit addition; add8w: eight-digit addition answered "
-                        "with its column-by-column working, ~152-token responses)")
+                        "with its column-by-column working, ~152-token responses; add9c: nine-digit addition "
+                        "worked from labelled column pairs, ~157-token responses)")
     p.add_argument("--steps", type=bounded_positive_int, help="default 50")
     p.add_argument("--contract", choices=list(NAMES),
                    help=f"the numerics contract (default {next(iter(NAMES))}, the newest)")
@@ -312,9 +313,10 @@ synthetic task's training split, measure the mean reward on its held-out split e
 --target LOW HIGH, or at --max-steps / --max-minutes. The weights go to --out (a new or empty folder) as an
 init checkpoint: the Hugging Face layout plus init_checkpoint.json (weights checksum, SHA-256, the
 evaluation history, why it stopped). `rlkit run --init-from DIR` starts RL from it. --preset-run 0.6b
-takes the learning runs' settings (qwen3-0.6b, bf16, cuda, add8w); flags given on top override them.
+takes the learning runs' settings (qwen3-0.6b, bf16, cuda, add9c); flags given on top override them.
 The warm start trains on each problem's demonstration: the bare sum for arith / add2 / add3, the whole
-working for add8w."""
+working for add8w and add9c. It trains under torch's deterministic algorithms, so a rerun with the same
+settings and steps gives the same weights bit for bit."""
 
 
 def _add_warmstart(sub) -> None:

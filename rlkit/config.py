@@ -34,7 +34,7 @@ class RunConfig:
     keeps it."""
     device: str = "cpu"
     task: str = "arith"
-    """arith | add2 | add3 | add8w | gsm8k | dapo (rlkit.data.tasks.TASKS)"""
+    """arith | add2 | add3 | add8w | add9c | gsm8k | dapo (rlkit.data.tasks.TASKS)"""
     steps: int = 50
     contract_name: str = V5_NAME
     """The numerics contract (a released name, rlkit.contract.NAMES; the newest by default). A store

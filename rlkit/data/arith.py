@@ -29,6 +29,19 @@
   (rlkit.data.rewards.final_answer_reward), never the working: a wrong sum under a neat working scores 0,
   and RL is free to change the working.
 
+- `column_addition_problems`: the same draw again, the prompt listing each column's digit pair under the
+  label its working line starts with ("Add by columns, carrying, from the units up: 1: 9+2, 2: 0+0, ...")
+  and the demonstration the column lines alone (`column_solution`): task "add9c", the learning runs'
+  task. Why: on add8w a model must find column i's digits in "a+b" by counting positions back from the
+  "+", which a 0.6b shape from its seeded init had not learnt after 151 supervised steps on the H200
+  (loss 0.35, held-out reward 0.000: the working's form, not its digits). Here the line "i: x+y" finds
+  "i:" in the prompt and copies what follows (a content match), the carry comes from the line above and
+  the rest is the line's own arithmetic; on the H200 the held-out reward rose 0.000 -> 0.105 -> 0.531 at
+  supervised steps 240, 260, 280 (lab/LOG.md). With 9 columns a response is 153-162 tokens (<|im_end|>
+  included), ~157 on average, and the prompt 95. The reward is the sum the working writes
+  (rlkit.data.rewards.working_sum_reward: the last carry, then the written digits from the last column
+  up), so there is no read-back line to learn and nothing else is scored.
+
 Held-out split: one operand pair in HELDOUT_EVERY (by a CRC of "a+b") is held out. `split="train"` never
 draws a held-out pair and `split="heldout"` draws only those, so a held-out reward measures answers to
 problems the model never trained on, however long it trains (2 digits: 10,000 pairs, ~500 held out;

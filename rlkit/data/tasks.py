@@ -72,7 +72,8 @@ TASKS = {
 }
 """arith: single-digit sums (the tiny CPU lab); add2 / add3: two- and three-digit addition with carries,
 answered by the bare sum; add8w: eight-digit addition answered with its column-by-column working (141-157
-tokens; 192 leaves 35 tokens of margin), the learning runs' task (rlkit/data/arith.py says why);
+tokens; 192 leaves 35 tokens of margin); add9c: nine-digit addition worked from the prompt's labelled
+column pairs (153-162 tokens), the learning runs' task (rlkit/data/arith.py says why);
 gsm8k and dapo: the datasets."""
 
 

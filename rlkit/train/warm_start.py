@@ -1,10 +1,10 @@
 """The supervised warm start: a start on a synthetic task with a checked answer (rlkit.data.tasks: "arith"
-by default, "add8w" for the learning runs; "add2"/"add3" too), so the policy's reward begins above zero and
+by default, "add9c" for the learning runs; "add2"/"add3"/"add8w" too), so the policy's reward begins above zero and
 RL has something to improve.
 
 Each step trains on a seeded batch of the task's training split (chat prompt -> "demonstration<|im_end|>":
 the Problem's demonstration is the bare answer for arith / add2 / add3 and the whole column-by-column working
-for add8w; only those target tokens are trained, the prompt's are not). No comparison is at stake here --
+for add8w and add9c; only those target tokens are trained, the prompt's are not). No comparison is at stake here --
 the warm start ends before weight version 0, whose checksum the timeline records -- so it uses the native
 ops and computes in fp32 whatever the model's dtype (CPUs without AMX or AVX-512 BF16 run torch's bf16
 GEMMs on a slow fallback; measured on an AVX2-only EPYC: ~15 s a step in bf16), then rounds the weights

@@ -78,6 +78,6 @@ def test_task_problems_depend_on_seed_and_step_only():
     assert len({p.prompt_id for p in step0 + step1}) == 6  # consecutive steps take consecutive slices
     assert step0 == dapo.problems(0, 3, seed=0) != dapo.problems(0, 3, seed=1)
     assert {t: TASKS[t].default_max_tokens for t in TASKS} == {"arith": 6, "add2": 6, "add3": 8, "add8w": 192,
-                                                               "gsm8k": 256, "dapo": 512}
-    with pytest.raises(ValueError, match="unknown task 'mmlu'; choose one of arith, add2, add3, add8w, gsm8k, dapo"):
+                                                               "add9c": 192, "gsm8k": 256, "dapo": 512}
+    with pytest.raises(ValueError, match="unknown task 'mmlu'; choose one of arith, add2, add3, add8w, add9c, gsm8k, dapo"):
         task("mmlu")

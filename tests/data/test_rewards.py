@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlkit.data.rewards import REWARDS, arith_reward, ascii_share, dapo_reward, final_answer_reward, gsm8k_reward
+from rlkit.data.rewards import REWARDS, arith_reward, ascii_share, dapo_reward, final_answer_reward, gsm8k_reward, working_sum_reward
 
 
 @pytest.mark.parametrize("response, answer, expected", [
@@ -87,4 +87,4 @@ def test_ascii_share_counts_characters():
 
 def test_reward_table_names_each_task():
     assert REWARDS == {"dapo": dapo_reward, "gsm8k": gsm8k_reward, "arith": arith_reward,
-                       "final_answer": final_answer_reward}
+                       "final_answer": final_answer_reward, "working_sum": working_sum_reward}

@@ -1,7 +1,7 @@
 """The worked addition task (add8w): the working is right column by column, the reward reads only the final
 answer, the held-out split is disjoint from training, and the responses are as long as designed (the
-real Qwen3 tokenizer: 141-157 tokens with <|im_end|>), which is what gives issue 17's strict arm >= 10 M
-compared tokens in 300 steps of the learning preset."""
+real Qwen3 tokenizer: 141-157 tokens with <|im_end|>). (The learning preset's task is add9c now,
+tests/data/test_column_addition.py; add8w stays selectable.)"""
 
 import random
 import re
@@ -124,10 +124,6 @@ def test_a_response_is_as_long_as_designed_in_qwen3_tokens():
     longest_prompt = len(chat_prompt_ids('What is 99999999+99999999? Work column by column from the units up, '
                                          'then give the sum as "Answer: N".', tok))
     assert longest_prompt == 52 and budget >= LONGEST + 32
-    for engine in (learning_0_6b().engine, warmstart_0_6b().engine):
+    for engine in (learning_0_6b().engine, warmstart_0_6b().engine):  # the learning presets still fit add8w
         assert longest_prompt + budget <= engine.max_model_len
         assert engine.num_pages >= engine.max_num_seqs * -(-engine.max_model_len // engine.page_size)
-    # issue 17: the strict arm compares >= 10 M response tokens in 300 steps of the learning preset
-    cfg = learning_0_6b()
-    assert cfg.task == "add8w" and cfg.steps == 300
-    assert cfg.prompts_per_step * cfg.samples_per_prompt * cfg.steps * mean >= 11_000_000

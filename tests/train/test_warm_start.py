@@ -60,3 +60,26 @@ def test_the_targets_are_the_whole_working_in_both_layouts():
         assert p.demonstration.count("\n") == 8 and p.demonstration.endswith(f"Answer: {p.answer}")
         assert 141 <= len(mine) <= 157 and len(seqs[i]) == len(prompt) + len(mine)  # all of the response
         assert int(mask[i].sum()) == len(seqs[i]) and ids[i, :len(prompt)].tolist() == prompt
+
+
+def test_a_repeatable_warm_start_trains_under_deterministic_algorithms_and_repeats():
+    """`repeatable` runs each step under torch's deterministic algorithms (seen from inside the forward)
+    and restores the caller's setting after; two runs from the same seed give the same weights bit for
+    bit. (The CPU repeats either way; on the H200 SDPA's backward needs the setting, tests/gpu.)"""
+    seen = []
+    runs = []
+    for _ in range(2):
+        model = build_model(preset("tiny"), seed=3)
+        hook = model.register_forward_pre_hook(lambda m, a: seen.append(torch.are_deterministic_algorithms_enabled()))
+        warm_start(model, 2, seed=1, batch_size=4, task="add9c", repeatable=True)
+        hook.remove()
+        runs.append(model.state_dict())
+    assert seen == [True] * 4 and not torch.are_deterministic_algorithms_enabled()
+    for name, a in runs[0].items():
+        b = runs[1][name]
+        diff = (a.float() - b.float()).abs()
+        assert torch.equal(a, b), (f"{name}: {int((a != b).sum())} of {a.numel()} differ, max |d| "
+                                   f"{diff.max().item():.3g}, first {a.flatten()[(a != b).flatten()][:4].tolist()}")
+    warm_start(build_model(preset("tiny"), seed=3), 1, seed=1, batch_size=4, on_step=lambda p: seen.append(
+        torch.are_deterministic_algorithms_enabled()))
+    assert seen[-1] is False  # not repeatable: the caller's setting (off) throughout
