@@ -88,7 +88,7 @@ def print_steps(path: str, steps, compared_before: int = 0) -> None:
               f"len {length} entropy~ {entropy} compared so far {compared / 1e6:.3f} M of "
               f"{COMPARED_TARGET / 1e6:.0f} M step {s.timings['step_s']:.2f}s (rollout "
               f"{s.timings.get('rollout_s', 0):.2f} train {s.timings.get('train_s', 0):.2f} sync "
-              f"{s.timings.get('sync_s', 0):.2f})", flush=True)
+              f"{s.timings.get('sync_s', 0):.2f} held-out {s.timings.get('heldout_s', 0):.2f})", flush=True)
 
 
 def arm_phase(args) -> int:
