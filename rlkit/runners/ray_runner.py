@@ -1,4 +1,6 @@
-"""RayRunner: trainer actors and rollout actors; weights travel through Ray's object store.
+"""RayRunner: trainer actors and rollout actors; weights travel through Ray's object store, or by CUDA IPC
+where the trainer and every engine share one GPU (rlkit/runners/shared_weights.py: the engines copy the
+weights from the trainer's memory, device to device; `placement()["weights"]` says which).
 
 Placement: every actor asks for `num_cpus` (1 by default). On the CPU it asks for no GPU. When the run's
 device is CUDA, the actors are placed over the Ray cluster's GPUs (or `gpus` of them) by
@@ -44,6 +46,7 @@ from rlkit.model.qwen3 import Qwen3ForCausalLM
 from rlkit.rollout.types import GenerationRequest, GenerationResult
 from rlkit.runners.base import engine_copy, split_requests, sync_event
 from rlkit.runners.placement import plan_gpus
+from rlkit.runners.shared_weights import SharedWeights
 from rlkit.timeline.records import SyncEvent
 from rlkit.train.trainer import TrainBatch
 
@@ -75,6 +78,12 @@ class _TrainerActor:
 
     def publish(self):
         return self.trainer.state_dict(), self.trainer.checksum()
+
+    def publish_shared(self):
+        """The weights as CUDA IPC handles (kept alive here until the next publish: an engine restarted
+        in the meantime loads them again)."""
+        self._shared = SharedWeights(self.trainer.state_dict())
+        return self._shared, self.trainer.checksum()
 
     def set_contract(self, contract):
         self.trainer.set_contract(contract)
@@ -117,6 +126,8 @@ class _RolloutActor:
         return self.engine.generate(requests)
 
     def load_weights(self, state_dict, version):
+        if isinstance(state_dict, SharedWeights):  # copied from the trainer's memory on this GPU
+            return state_dict.load_into(lambda state: self.engine.load_weights(state, version))
         acked = self.engine.load_weights(state_dict, version)
         if self.tp_size == 1:
             return acked
@@ -176,6 +187,7 @@ class RayRunner:
         self.resyncs: list[SyncEvent] = []
         self._kill_engine_at = kill_engine_at
         self._step = -1
+        self._by_ipc: bool | None = None
 
     def _place(self, cfg: RunConfig, gpus: int | None, cpus: float):
         """(the GPU plan, the placement group holding one bundle a GPU it uses), or (None, None) when the
@@ -222,12 +234,27 @@ class RayRunner:
         """Where the actors run: the plan (GPU indices among those placed over) and, per group, the GPU
         ids Ray gave each rank (what its CUDA_VISIBLE_DEVICES holds)."""
         if self.plan is None:
-            return {"runner": "ray", "device": self.cfg.device, "gpus": 0}
-        actors = {"trainer": self.trainers, **dict(zip(self.engine_ids, self.groups))}
-        ids = {name: [[str(i) for i in got] for got in self._get([a.gpu_ids.remote() for a in group])]
-               for name, group in actors.items()}
+            return {"runner": "ray", "device": self.cfg.device, "gpus": 0, "weights": "object store"}
+        ids = self._gpu_ids()
         return {"runner": "ray", "device": self.cfg.device, "gpus": len(self.plan.load), "share": self.plan.share,
-                "plan": self.plan.gpus, "ray_gpu_ids": ids}
+                "plan": self.plan.gpus, "ray_gpu_ids": ids,
+                "weights": "cuda ipc" if self._weights_by_ipc() else "object store"}
+
+    def _gpu_ids(self) -> dict[str, list[list[str]]]:
+        actors = {"trainer": self.trainers, **dict(zip(self.engine_ids, self.groups))}
+        return {name: [[str(i) for i in got] for got in self._get([a.gpu_ids.remote() for a in group])]
+                for name, group in actors.items()}
+
+    def _weights_by_ipc(self) -> bool:
+        """Whether weights go by CUDA IPC: a CUDA run whose one-rank trainer and one-rank engines all got
+        the same single GPU from Ray (a handle means nothing on another GPU)."""
+        if self._by_ipc is None:
+            self._by_ipc = False
+            if (self.plan is not None and self.cfg.device.startswith("cuda") and self.cfg.trainer_ranks == 1
+                    and self.cfg.rollout_tp == 1):
+                seen = {tuple(ids) for group in self._gpu_ids().values() for ids in group}
+                self._by_ipc = len(seen) == 1 and len(next(iter(seen))) == 1
+        return self._by_ipc
 
     def _get(self, refs):
         return _ray().get(refs)
@@ -317,7 +344,10 @@ class RayRunner:
 
     def publish(self, version: int) -> str:
         ray = _ray()
-        state, checksum = self._trainer_call(lambda a: a.publish.remote())
+        if self._weights_by_ipc():  # handles only: the engines copy from the trainer's memory
+            state, checksum = self._trainer_call(lambda a: a.publish_shared.remote())
+        else:
+            state, checksum = self._trainer_call(lambda a: a.publish.remote())
         self._weights_ref = ray.put(state)  # one copy in the object store, read by every engine
         self._version, self._checksum = version, checksum
         return checksum

@@ -74,4 +74,5 @@ def test_ray_phase_places_a_cp2_trainer_on_two_gpus_with_zero_mismatches(tmp_pat
     ids = got["placement"]["ray_gpu_ids"]
     assert ids == {"trainer": [["0"], ["1"]], "engine-0": [["0"], ["1"]]}, ids  # one of each group a GPU
     assert got["placement"]["share"] == 0.5 and got["config"]["trainer_cp"] == 2
+    assert got["placement"]["weights"] == "object store"  # CPU tensors (and a 2-rank trainer): no CUDA IPC
     assert got["ok"] and "exit 0" in log, log[-2000:]
