@@ -2,6 +2,7 @@
 the receiver loads is the sender's tensors bit for bit, the handles pickle small, and the receiver's copy
 outlives the handles. The RayRunner takes this path when its trainer and engines share a GPU."""
 
+import io
 import pickle
 
 import pytest
@@ -23,7 +24,9 @@ def _receiver(payload: bytes, out):
         return len(state)
 
     n = shared.load_into(load)
-    out.put((n, {k: v.cpu() for k, v in mine.items()}))
+    buf = io.BytesIO()  # plain bytes: a queued tensor would travel by a file descriptor of this process
+    torch.save({k: v.cpu() for k, v in mine.items()}, buf)
+    out.put((n, buf.getvalue()))
 
 
 def test_a_process_on_the_same_gpu_loads_the_senders_bits():
@@ -38,8 +41,9 @@ def test_a_process_on_the_same_gpu_loads_the_senders_bits():
     out = ctx.Queue()
     p = ctx.Process(target=_receiver, args=(payload, out))
     p.start()
-    n, got = out.get(timeout=120)
+    n, raw = out.get(timeout=120)
     p.join(timeout=60)
+    got = torch.load(io.BytesIO(raw))
     assert p.exitcode == 0 and n == 3
     for k, v in state.items():
         a, b = v.cpu(), got[k]
