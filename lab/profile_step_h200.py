@@ -42,9 +42,14 @@ def family_ms(prof) -> dict[str, float]:
     return out
 
 
-def batch_of(cfg, vocab: int, gen: torch.Generator) -> TrainBatch:
+PROMPT_TOKENS = {"learning": 95}
+"""Prompt length by shape (add9c's prompts are 95 tokens); others 143, the validation run's mean DAPO prompt
+(its store)."""
+
+
+def batch_of(cfg, vocab: int, gen: torch.Generator, plen: int = 143) -> TrainBatch:
     n = cfg.prompts_per_step * cfg.samples_per_prompt
-    plen, rlen = 143, cfg.max_tokens or 16  # 143: the validation run's mean DAPO prompt (its store)
+    rlen = cfg.max_tokens or 16
     seqs = [torch.randint(0, vocab, (plen + rlen,), generator=gen).tolist() for _ in range(n)]
     return TrainBatch(seqs, [plen] * n, [torch.full((rlen,), -1.0) for _ in range(n)],
                       [1.0 if i % 2 else -1.0 for i in range(n)], cfg.sampling_params)
@@ -89,10 +94,11 @@ def main() -> int:
         model = seeded_model(cfg)
         gen = torch.Generator().manual_seed(cfg.seed)
         trainer = EmbeddedTrainer(model, contract, cfg.optim)
-        batch = batch_of(cfg, model.config.vocab_size, gen)
+        plen = PROMPT_TOKENS.get(a.shape, 143)
+        batch = batch_of(cfg, model.config.vocab_size, gen, plen)
         engine = EmbeddedEngine(engine_copy(model), contract, cfg.engine)
         sampling = dataclasses.replace(cfg.sampling(), max_tokens=a.decode_tokens)
-        prompts = [tuple(s[:143]) for s in batch.sequences]
+        prompts = [tuple(s[:plen]) for s in batch.sequences]
 
         def decode() -> None:
             engine.generate([GenerationRequest(f"r{i}", p, sampling) for i, p in enumerate(prompts)])

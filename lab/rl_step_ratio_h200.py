@@ -12,7 +12,9 @@ Step shapes (rlkit.config.validation_0_6b with overrides; random weights, DAPO-M
 - validation: qwen3-0.6b shape, 2 prompts x 8 samples, 512-token responses (the 200-step validation run);
 - trainer-heavy: qwen3-1.7b shape, 2 x 8, 2k-token responses;
 - source: qwen3-0.6b shape, 8 prompts x 8 samples, responses up to 6,912 tokens (the source system's step
-  shape scaled to one H200).
+  shape scaled to one H200);
+- learning: issue 17's learning arm (rlkit.config.learning_0_6b: add9c, 16 x 16 samples decoded as one
+  batch of 256) from seeded weights, 160-token responses (the warm-started arm writes ~157).
 
 On the lent H200 (rlkit installed editable first, offline; the data travel in an ignored folder):
     python3 -m pip install -q --no-deps --no-build-isolation -e .
@@ -56,7 +58,7 @@ from pathlib import Path
 import torch
 
 from rlkit.bench.provenance import commit
-from rlkit.config import validation_0_6b
+from rlkit.config import learning_0_6b, validation_0_6b
 from rlkit.loop import run
 from rlkit.rollout.engine import EngineConfig
 
@@ -85,6 +87,9 @@ def step_shapes(dry_run: bool) -> dict:
             prompts_per_step=8, samples_per_prompt=8, max_tokens=6912, optim=TRAINER_HEAVY_OPTIM,
             engine=EngineConfig(page_size=16, num_pages=36864, max_num_seqs=64, max_batch_tokens=8192,
                                 max_model_len=8192)),
+        # issue 17's learning arm (256 add9c samples a step, one decode batch of 256) from seeded weights,
+        # not the warm start: responses run to max_tokens, 160 here, about the warm-started arm's 157
+        "learning": learning_0_6b(heldout_every=0, max_tokens=160),
     }
 
 
