@@ -52,8 +52,8 @@ DRY_ARM = dict(model="tiny", device="cpu", dtype="float32", prompts_per_step=2, 
 
 def warmstart_phase(args) -> int:
     overrides = {"max_minutes": args.minutes, "init_from": args.init_from or ""}
-    if args.max_steps:
-        overrides["max_steps"] = args.max_steps
+    if args.max_steps:  # a rebuild of a known phase: evaluate at its end only (training is the same)
+        overrides.update(max_steps=args.max_steps, eval_every=args.max_steps)
     cfg = warmstart_0_6b(**{**(DRY_WARMSTART if args.dry_run else {}), **overrides})
 
     def show(row: dict) -> None:
@@ -127,8 +127,9 @@ def main() -> int:
     w.add_argument("--init-from", help="continue an earlier warm start's checkpoint")
     w.add_argument("--minutes", type=float, default=8.0)
     w.add_argument("--max-steps", type=int, default=0,
-                   help="stop after this many steps (0: the preset's); a rerun with the steps an earlier phase "
-                        "took must give its weights checksum (the phase trains under deterministic algorithms)")
+                   help="stop after this many steps (0: the preset's), evaluating only before and after them; a "
+                        "rerun with the steps an earlier phase took must give its weights checksum (the phase "
+                        "trains under deterministic algorithms)")
     a = sub.add_parser("arm", help="one RL arm from the init checkpoint (created or resumed)")
     a.add_argument("--path", required=True, choices=["strict", "native"])
     a.add_argument("--ckpt", required=True, help="the init checkpoint (warmstart --ckpt)")
