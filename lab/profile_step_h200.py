@@ -75,6 +75,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shape", default="validation")
     ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--paths", default="strict,native", help="which paths to profile")
+    ap.add_argument("--parts", default="train,decode", help="which parts to profile (train, decode)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny preset")
     a = ap.parse_args()
     shapes = step_shapes(a.dry_run)
@@ -86,7 +88,11 @@ def main() -> int:
         [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     device = "cpu (dry run)" if a.dry_run else torch.cuda.get_device_name()
     sha, rows, fams = commit(), [], {}
-    for path in ("strict", "native"):
+    paths, parts = a.paths.split(","), a.parts.split(",")
+    if set(paths) - {"strict", "native"} or set(parts) - {"train", "decode"}:
+        print(f"--paths {a.paths} / --parts {a.parts}: expected strict,native / train,decode", file=sys.stderr)
+        return 2
+    for path in paths:
         cfg = shapes[a.shape].replace(path=path).with_resolved_dtype()[0]
         if cfg.threads:  # 0: torch's default
             torch.set_num_threads(cfg.threads)
@@ -104,6 +110,8 @@ def main() -> int:
             engine.generate([GenerationRequest(f"r{i}", p, sampling) for i, p in enumerate(prompts)])
 
         for part, fn in (("train", lambda: trainer.train_step(batch)), ("decode", decode)):
+            if part not in parts:
+                continue
             prof, wall = profile_part(fn, acts)
             report = profile_report(prof, f"{a.shape} {part} {path}: wall {wall:.3f} s")
             (a.out / f"profile-{a.shape}-{part}-{path}.txt").write_text(report)
@@ -117,12 +125,11 @@ def main() -> int:
         del trainer, engine, model
         release_gpu_memory()
     (a.out / "profile_step.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    for part in ("train", "decode"):
-        names = sorted(set(fams[(part, "strict")]) | set(fams[(part, "native")]),
-                       key=lambda f: -fams[(part, "strict")].get(f, 0.0))
-        print(f"\n{part:6} {'family':22} {'strict ms':>10} {'native ms':>10}")
+    for part in parts:
+        names = sorted(set().union(*(fams[(part, p)] for p in paths)), key=lambda f: -fams[(part, paths[0])].get(f, 0.0))
+        print(f"\n{part:6} {'family':22} " + " ".join(f"{p + ' ms':>10}" for p in paths))
         for f in names:
-            print(f"{part:6} {f:22} {fams[(part, 'strict')].get(f, 0.0):10.1f} {fams[(part, 'native')].get(f, 0.0):10.1f}")
+            print(f"{part:6} {f:22} " + " ".join(f"{fams[(part, p)].get(f, 0.0):10.1f}" for p in paths))
     return 0
 
 
