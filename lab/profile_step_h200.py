@@ -60,9 +60,16 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def profile_part(fn, acts):
-    fn()  # compile, capture, allocator warm-up
+def profile_part(fn, acts, label: str):
+    """(the profiler run, its wall s); first the part once to compile, capture and warm the allocator,
+    then once timed without the profiler, printed before profiling (a profile of many host events can
+    take longer than the call has left: seen on the H200 with 256 sequences x 96 decode steps)."""
+    fn()
     sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    print(f"{label}: unprofiled wall {time.perf_counter() - t0:.3f} s", flush=True)
     t0 = time.perf_counter()
     with torch.profiler.profile(activities=acts) as prof:
         fn()
@@ -112,7 +119,7 @@ def main() -> int:
         for part, fn in (("train", lambda: trainer.train_step(batch)), ("decode", decode)):
             if part not in parts:
                 continue
-            prof, wall = profile_part(fn, acts)
+            prof, wall = profile_part(fn, acts, f"{part} {path}")
             report = profile_report(prof, f"{a.shape} {part} {path}: wall {wall:.3f} s")
             (a.out / f"profile-{a.shape}-{part}-{path}.txt").write_text(report)
             fam = family_ms(prof)
