@@ -5,7 +5,8 @@ new shapes to its layout); the view then triggers its Plotly pane, which sends o
 changed. Replacing figure objects on every poll caused intermittent JS errors in a real browser
 (seen in the dashboard's browser tests), so no method here ever builds a second figure.
 
-- `StepCharts`     mismatch_count, max_abs_diff, K3 KL, importance-ratio spread, reward per step; one trace
+- `StepCharts`     mismatch_count, max_abs_diff, K3 KL, importance-ratio spread, reward and held-out reward
+                   per step (the held-out reward's line joins the steps that measured it); one trace
                    per run and metric (runs overlaid); applied toggles as dotted lines; the chosen step.
 - `TimelineChart`  weight versions (trainer lane), each engine's syncs with checksums, each step's span and
                    the records it used, applied and pending toggles, over wall-clock seconds of one run.
@@ -45,6 +46,7 @@ class StepCharts:
                 self.fig.add_trace(go.Scatter(
                     x=EMPTY, y=EMPTY, mode="lines+markers", name=label, legendgroup=label, showlegend=j == 0,
                     line=dict(color=run_color(i), width=1.5), marker=dict(size=5),
+                    connectgaps=metric == "heldout_reward",
                     hovertemplate=f"{label} · step %{{x}}<br>{METRICS[metric]} %{{y:.6g}}<extra></extra>"),
                     row=j + 1, col=1)
         self.fig.update_yaxes(rangemode="tozero", row=1, col=1)

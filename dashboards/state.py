@@ -44,12 +44,16 @@ METRICS = {
     "k3_kl": "K3 KL(rollout ‖ trainer)",
     "ratio_spread": "importance ratio: max − min",
     "reward_mean": "mean reward",
+    "heldout_reward": "held-out reward",
 }
-"""The per-step charts, in order: StepSummary field (ratio_spread = ratio_max - ratio_min) -> title."""
+"""The per-step charts, in order: StepSummary field (ratio_spread = ratio_max - ratio_min) -> title. The
+held-out reward exists only on the steps that measured it (`RunConfig.heldout_every`); the others are
+gaps, which its chart draws over."""
 
 STEP_COLUMNS = (["step", "weight_version", "compared_tokens", "mismatch_count", "max_abs_diff", "mean_abs_diff",
                  "k3_kl", "ratio_min", "ratio_mean", "ratio_max", "ratio_spread", "ratio_outside", "reward_mean",
-                 "reward_std", "loss", "clip_fraction", "valid", "n_native"] + [f"path.{op}" for op in OPS])
+                 "reward_std", "heldout_reward", "loss", "clip_fraction", "valid", "n_native"]
+                + [f"path.{op}" for op in OPS])
 RECORD_COLUMNS = ["record_id", "step", "prompt_id", "sample_index", "engine_id", "weight_version",
                   "recompute_version", "reward", "finish_reason", "n_tokens", "mismatch_count", "max_abs_diff"]
 

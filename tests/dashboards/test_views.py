@@ -42,6 +42,10 @@ def test_figures_grow_in_place_as_steps_arrive(tmp_path):
             t = dash.step_charts.trace(label, "mismatch_count")
             assert list(t.x) == list(range(n))
             assert list(t.y) == [make_step(s).summary.mismatch_count for s in range(n)]
+    held = dash.step_charts.trace("strict", "heldout_reward")  # measured on even steps: a line over the gaps
+    assert held.connectgaps and list(held.x) == [0, 1, 2]
+    assert held.y[0] == 0.25 and np.isnan(held.y[1]) and held.y[2] == 0.27, list(held.y)
+    assert not dash.step_charts.trace("strict", "mismatch_count").connectgaps
     # the timeline: one bar per step, one marker per version, one per sync
     bar, ver, syn, _tog, _pen = dash.timeline_chart.fig.data
     assert len(bar.x) == 3 and len(ver.x) == 4 and len(syn.x) == 8

@@ -62,7 +62,8 @@ def make_step(step: int, n_records: int = 8, max_tokens: int = 48) -> FakeStep:
         mismatch_count=int(rng.integers(0, 50)), max_abs_diff=float(rng.random()), mean_abs_diff=1e-7,
         k3_kl=float("nan") if step % 5 == 4 else 1e-9, ratio_mean=1.0, ratio_min=0.999, ratio_max=1.001,
         ratio_outside=0.0, loss=-0.0 if step == 0 else float(rng.normal()), reward_mean=0.5, reward_std=0.5,
-        clip_fraction=0.01, ops_paths={"attention": "strict", "linear": "native"}, contract_fingerprint=FP,
+        clip_fraction=0.01, heldout_reward=None if step % 2 else 0.25 + step / 100,  # held out every 2 steps
+        ops_paths={"attention": "strict", "linear": "native"}, contract_fingerprint=FP,
         timings={"rollout": 1.5, "update": float(step)},
         first_divergence=None if step % 2 else {"layer": "0", "op": "linear", "first_key": ["p0", 3]})
     version = WeightVersion(step + 1, step, checksum(step + 1), FP, 2000.0 + step)
