@@ -46,6 +46,7 @@ from rlkit.kernels import logprob as _logprob
 from rlkit.kernels import rms_norm as _rms_norm
 from rlkit.kernels import rope as _rope
 from rlkit.kernels import swiglu as _swiglu
+from rlkit.kernels.determinism import deterministic_algorithms as _deterministic_algorithms
 from rlkit.kernels.errors import OpInputError
 from rlkit.types import AttentionLayout, SamplingParams
 
@@ -196,3 +197,11 @@ def native_backend(device: torch.device) -> _native_backends.NativeBackend:
     """The native control on `device`'s kind, by name, with what rlkit's native ops call there and where
     that was exercised (on a ROCm device: `amd-aiter`, not wired in and not exercised)."""
     return _native_backends.native_backend(device)
+
+
+def repeatable_backward():
+    """A context in which training repeats bit for bit: torch's deterministic algorithms, the caller's
+    settings restored after (kernels/determinism.py). Attention's backward runs under it on both paths;
+    the supervised warm start runs its whole step under it (rlkit/train/warm_start.py)."""
+    return _deterministic_algorithms()
+

@@ -248,6 +248,10 @@ class EmbeddedEngine:
             s.result.raw_logprobs is not None for s in samplers) else None
         processed: dict[int, float] = {}
         for params, rows in self._by_params(samplers, lambda s: s.result.processed_logprobs is not None).items():
+            if raw is not None and params.is_identity and len(rows) == len(samplers):
+                # every row, identity processing: the very computation `raw` just made on the same logits
+                processed.update(zip(rows, raw))
+                continue
             idx = torch.tensor(rows, device=logits.device)
             processed.update(zip(rows, ops.logprob_from_logits(logits[idx], tok[idx], params).tolist()))
         for i, seq in enumerate(samplers):
@@ -272,8 +276,9 @@ class EmbeddedEngine:
         """Teacher-forced tokens where replaying, else a sample per row from its own generator."""
         tokens = [s.forced.popleft() if s.forced is not None else -1 for s in seqs]
         for params, rows in self._by_params(seqs, lambda s: s.forced is None).items():
-            idx = torch.tensor(rows, device=logits.device)
-            picked = sample_tokens(logits[idx], params, [seqs[r].generator for r in rows])
+            # every row: the logits as they are (a gather would copy rows x vocab fp32 for the same values)
+            rows_logits = logits if len(rows) == len(seqs) else logits[torch.tensor(rows, device=logits.device)]
+            picked = sample_tokens(rows_logits, params, [seqs[r].generator for r in rows])
             for r, t in zip(rows, picked):
                 tokens[r] = t
         return tokens

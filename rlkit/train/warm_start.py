@@ -18,7 +18,7 @@ band this way). On a GPU, `tf32` lets the fp32 GEMMs of the forward and backward
 (torch.set_float32_matmul_precision("high"), set around each step's compute and restored after it, so
 nothing else in the process, the evaluator included, runs under it); bf16 autocast is no option here, as
 rlkit's ops refuse operands of mixed dtypes. `repeatable` runs each step (forward, backward, optimizer)
-under torch's deterministic algorithms (rlkit.kernels.determinism; on CUDA it sets CUBLAS_WORKSPACE_CONFIG
+under torch's deterministic algorithms (rlkit.ops.repeatable_backward; on CUDA it sets CUBLAS_WORKSPACE_CONFIG
 when unset, which torch's check reads at every cuBLAS call): SDPA's memory-efficient backward then sums
 its key splits in one program and the embedding's and the gather's gradients add in a fixed order, so the
 same seed and steps give the same weights bit for bit.
@@ -39,7 +39,6 @@ from typing import Callable
 import torch
 
 from rlkit import NumericsContract, ops
-from rlkit.kernels.determinism import deterministic_algorithms
 from rlkit.data.tasks import TASKS, task as get_task
 from rlkit.model.qwen3 import ForwardBatch
 from rlkit.model.tokenizer import EOS_ID, PAD_ID, chat_prompt_ids, load_tokenizer
@@ -171,7 +170,7 @@ def warm_start(model, steps: int, seed: int, *, task: str = "arith", batch_size:
            else contextlib.nullcontext())
     if repeatable and device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    in_order = deterministic_algorithms if repeatable else contextlib.nullcontext
+    in_order = ops.repeatable_backward if repeatable else contextlib.nullcontext
     model.train()
     try:
         with ops.use_contract(NumericsContract.native()):

@@ -1,0 +1,49 @@
+"""Where the embedded engine's time goes on the CPU at a learning run's decode batch: 256 requests of the
+tiny preset (fp32, 20-token prompts, 40 new tokens at temperature 1) through `EmbeddedEngine.generate`
+under cProfile; prints the wall time and the 25 functions with the most time of their own. A measurement
+for lab/LOG.md, not a test.
+
+    .venv/bin/python lab/profile_engine_cpu.py [--requests 256] [--tokens 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+
+from rlkit.contract import NumericsContract
+from rlkit.model import build_model, preset
+from rlkit.rollout.engine import EmbeddedEngine, EngineConfig
+from rlkit.rollout.types import GenerationRequest
+from rlkit.types import SamplingParams
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=40)
+    a = ap.parse_args()
+    torch.set_num_threads(2)
+    model = build_model(preset("tiny").with_dtype("float32"), seed=0)
+    length = 20 + a.tokens
+    pages = -(-length // 16)
+    engine = EmbeddedEngine(model, NumericsContract(), EngineConfig(
+        page_size=16, num_pages=a.requests * pages + 8, max_num_seqs=a.requests, max_batch_tokens=16384,
+        max_model_len=pages * 16))
+    sampling = SamplingParams(max_tokens=a.tokens, seed=1, temperature=1.0)
+    requests = [GenerationRequest(f"r{i}", list(range(10, 30)), sampling) for i in range(a.requests)]
+    t0 = time.perf_counter()
+    prof = cProfile.Profile()
+    prof.enable()
+    engine.generate(requests)
+    prof.disable()
+    print(f"{a.requests} requests x {a.tokens} tokens: {time.perf_counter() - t0:.1f} s (profiled)")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
