@@ -248,9 +248,8 @@ class EmbeddedEngine:
             s.result.raw_logprobs is not None for s in samplers) else None
         processed: dict[int, float] = {}
         for params, rows in self._by_params(samplers, lambda s: s.result.processed_logprobs is not None).items():
-            if raw is not None and params.is_identity and len(rows) == len(samplers):
-                # every row, identity processing: the very computation `raw` just made on the same logits
-                processed.update(zip(rows, raw))
+            if raw is not None and params.is_identity:  # processed under the identity are the raw logprobs
+                processed.update((r, raw[r]) for r in rows)
                 continue
             idx = torch.tensor(rows, device=logits.device)
             processed.update(zip(rows, ops.logprob_from_logits(logits[idx], tok[idx], params).tolist()))
