@@ -1,5 +1,6 @@
-"""Attention's native control: what a trainer and a serving engine really run. A packed causal prefill on
-CUDA is one varlen flash call; other prefills torch SDPA a sequence; paged decode on CUDA the split-K
+"""Attention's native control: what a trainer and a serving engine really run. A prefill on CUDA (packed
+from position 0, as a trainer runs it, or chunked against the paged cache, as an engine does) is one
+varlen flash call; other prefills torch SDPA a sequence; paged decode on CUDA the split-K
 flash-decoding kernel (the strict kernel's code under a schedule of its own, kernels/attention_kernel.py),
 elsewhere one masked SDPA over the gathered pages. Its bits answer to nothing; its backward repeats
 (kernels/determinism.py)."""
@@ -12,6 +13,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from rlkit.contract import NumericsContract
 from rlkit.kernels import _triton as _tr
@@ -20,10 +22,12 @@ from rlkit.kernels.attention_layout import check_inputs, gather_keys, host_bound
 from rlkit.kernels.determinism import deterministic_algorithms
 from rlkit.types import AttentionLayout
 
+
 def native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout) -> torch.Tensor:
-    """The native control. A packed causal prefill on CUDA: one varlen flash call (as a trainer runs
-    it); otherwise torch SDPA per sequence (causal, or an explicit mask when queries start past position
-    0; on CUDA its fused kernels, on the CPU its math form); a decode layout: the paged flash-decoding
+    """The native control. A prefill on CUDA: one varlen flash call (packed, as a trainer runs it, or
+    over keys gathered from the paged cache, as an engine runs it); otherwise torch SDPA per sequence
+    (causal, or an explicit mask when queries start past position 0; on CUDA its fused kernels, on the
+    CPU its math form); a decode layout: the paged flash-decoding
     kernel on CUDA, one batched SDPA over the gathered pages elsewhere. Under autograd the same forward,
     its backward run under torch's deterministic algorithms (`_ReplayableNative`)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -111,27 +115,63 @@ def _varlen_attn():
 
 
 def varlen_prefill_ok(q, layout: AttentionLayout, bounds: dict[str, list[int]]) -> bool:
-    """A packed causal prefill of fp16/bf16 CUDA tensors, every sequence from position 0, and a torch
-    with varlen flash attention: the one-launch native form serves it."""
-    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and not layout.paged_keys
-            and not any(bounds["query_start"]) and _VARLEN is not None)
+    """fp16/bf16 CUDA tensors, a torch with varlen flash attention, and either keys in the paged cache
+    (an engine's prefill chunks, decode rows among them, any query start) or packed keys with every
+    sequence from position 0 (a trainer's prefill): the one-launch native form serves it."""
+    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and _VARLEN is not None
+            and (layout.paged_keys or not any(bounds["query_start"])))
 
 
 def native_varlen_prefill(q, k, v, layout: AttentionLayout, bounds: dict[str, list[int]]) -> torch.Tensor:
-    """The native packed prefill on CUDA as a trainer runs it: every sequence in one varlen flash call
-    (FlashAttention's own schedule; its backward is flash's too). K/V are expanded to the query heads
-    where this torch's wrapper takes no `enable_gqa`."""
+    """The native prefill on CUDA: every sequence in one varlen flash call (FlashAttention's own
+    schedule; its backward is flash's too). Paged keys are first gathered into one packed [keys, kv_heads,
+    head_dim] tensor (`_paged_key_rows`: one index_select each for K and V, as an engine's chunked prefill
+    over a paged cache does); causal masking is then flash's, aligned at the bottom right, so a chunk whose
+    queries start past position 0 sees every key before them. K/V are expanded to the query heads where
+    this torch's wrapper takes no `enable_gqa`."""
     varlen_attn, causal, takes_gqa = _VARLEN
-    cu = layout.cu_seqlens_q.to(device=q.device, dtype=torch.int32)
-    lens = [b - a for a, b in zip(bounds["cu_q"], bounds["cu_q"][1:])]
-    longest = max(lens, default=0)
+    cu_q = layout.cu_seqlens_q.to(device=q.device, dtype=torch.int32)
+    longest_q = max((b - a for a, b in zip(bounds["cu_q"], bounds["cu_q"][1:])), default=0)
+    if layout.paged_keys:
+        rows, cu_k = _paged_key_rows(layout, k.shape[1], bounds)
+        k, v = k.flatten(0, 1).index_select(0, rows), v.flatten(0, 1).index_select(0, rows)
+        longest_k = max(bounds["context_lens"], default=0)
+    else:
+        cu_k, longest_k = cu_q, longest_q
     group = q.shape[1] // k.shape[-2]
     extra = {}
     if group > 1 and takes_gqa:
         extra["enable_gqa"] = True
     elif group > 1:
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    return varlen_attn(q, k, v, cu, cu, longest, longest, **causal, **extra)
+    return varlen_attn(q, k, v, cu_q, cu_k, longest_q, longest_k, **causal, **extra)
+
+
+_KEY_ROWS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+"""layout (weakly, by identity) -> (page size, key rows, cu_seqlens_k): every layer of a forward shares
+its layout, so the rows are built once a forward."""
+
+
+def _paged_key_rows(layout: AttentionLayout, page: int, bounds: dict[str, list[int]]):
+    """Rows of the cache flattened to [pages * page_size, ...] that hold each sequence's keys at positions
+    0..context_lens[i]-1, sequence after sequence, and the int32 cu_seqlens of that packing. Built on the
+    device from the block table, without a host sync (the bounds are already on the host)."""
+    hit = _KEY_ROWS.get(layout)
+    if hit is not None and hit[0] == page:
+        return hit[1], hit[2]
+    ctx = bounds["context_lens"]
+    total = sum(ctx)
+    dev = layout.block_table.device
+    cu_host = [0]
+    for n in ctx:
+        cu_host.append(cu_host[-1] + n)
+    cu_k = torch.tensor(cu_host, dtype=torch.int64, device=dev)
+    seq = torch.repeat_interleave(torch.arange(len(ctx), device=dev), cu_k[1:] - cu_k[:-1], output_size=total)
+    pos = torch.arange(total, device=dev) - cu_k[seq]
+    rows = layout.block_table[seq, pos // page].to(torch.int64) * page + pos % page
+    cu_k = cu_k.to(torch.int32)
+    _KEY_ROWS[layout] = (page, rows, cu_k)
+    return rows, cu_k
 
 
 _VARLEN = _varlen_attn()

@@ -11,6 +11,10 @@ lab/rl_step_ratio_h200.py) and OUT/profile_step.jsonl (long-format rows: the wal
 each family's device ms), and prints a family table strict vs native last. Nothing asserts.
 
     python3 lab/profile_step_h200.py --out $OUT [--shape validation] [--decode-tokens 64]
+    python3 lab/profile_step_h200.py --out $OUT --shape learning --no-profile --parts train,prefill,decode \
+        --micro-batch-tokens 8192,16384,32768    # wall and peak memory only, each micro-batch size
+With --no-profile each part runs once untimed, then --repeat times timed (rows: the median wall and the peak
+GiB allocated); `prefill` is the prompts and one token, so decode minus prefill is the decode steps alone.
     python lab/profile_step_h200.py --dry-run --out /tmp/prof      # CPU, tiny preset
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -77,14 +82,38 @@ def profile_part(fn, acts, label: str):
     return prof, time.perf_counter() - t0
 
 
+def timed_part(fn, repeat: int) -> tuple[list[float], float]:
+    """Wall seconds of `repeat` runs of `fn` after one untimed run, and the peak GiB allocated over them."""
+    fn()
+    sync()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    walls = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        walls.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+    return walls, peak
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--shape", default="validation")
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--paths", default="strict,native", help="which paths to profile")
-    ap.add_argument("--parts", default="train,decode", help="which parts to profile (train, decode)")
+    ap.add_argument("--parts", default="train,decode",
+                    help="which parts to profile: train, decode (prefill + --decode-tokens), prefill (the "
+                         "prompts and one token)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny preset")
+    ap.add_argument("--micro-batch-tokens", default="",
+                    help="comma list: run each part once a value, the trainer's micro-batch and pack size set "
+                         "to it (default: the shape's own)")
+    ap.add_argument("--no-profile", action="store_true",
+                    help="time each part --repeat times without the profiler (wall and peak memory) instead")
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs a part with --no-profile")
     a = ap.parse_args()
     shapes = step_shapes(a.dry_run)
     if a.shape not in shapes:
@@ -96,11 +125,16 @@ def main() -> int:
     device = "cpu (dry run)" if a.dry_run else torch.cuda.get_device_name()
     sha, rows, fams = commit(), [], {}
     paths, parts = a.paths.split(","), a.parts.split(",")
-    if set(paths) - {"strict", "native"} or set(parts) - {"train", "decode"}:
-        print(f"--paths {a.paths} / --parts {a.parts}: expected strict,native / train,decode", file=sys.stderr)
+    if set(paths) - {"strict", "native"} or set(parts) - {"train", "decode", "prefill"}:
+        print(f"--paths {a.paths} / --parts {a.parts}: expected strict,native / train,decode,prefill",
+              file=sys.stderr)
         return 2
-    for path in paths:
+    micro = [int(x) for x in a.micro_batch_tokens.split(",") if x] or [None]
+    for path, mbt in ((p, m) for p in paths for m in micro):
         cfg = shapes[a.shape].replace(path=path).with_resolved_dtype()[0]
+        if mbt:
+            cfg = cfg.replace(optim=dataclasses.replace(cfg.optim, micro_batch_tokens=mbt, max_batch_tokens=mbt))
+        label = path if mbt is None else f"{path} mbt={mbt}"
         if cfg.threads:  # 0: torch's default
             torch.set_num_threads(cfg.threads)
         contract = cfg.contract()
@@ -113,15 +147,25 @@ def main() -> int:
         sampling = dataclasses.replace(cfg.sampling(), max_tokens=a.decode_tokens)
         prompts = [tuple(s[:plen]) for s in batch.sequences]
 
-        def decode() -> None:
-            engine.generate([GenerationRequest(f"r{i}", p, sampling) for i, p in enumerate(prompts)])
+        def decode(params=sampling) -> None:
+            engine.generate([GenerationRequest(f"r{i}", p, params) for i, p in enumerate(prompts)])
 
-        for part, fn in (("train", lambda: trainer.train_step(batch)), ("decode", decode)):
+        first_token = dataclasses.replace(sampling, max_tokens=1)
+        for part, fn in (("train", lambda: trainer.train_step(batch)), ("decode", decode),
+                         ("prefill", lambda: decode(first_token))):
             if part not in parts:
                 continue
-            prof, wall = profile_part(fn, acts, f"{part} {path}")
+            if a.no_profile:
+                walls, peak = timed_part(fn, a.repeat)
+                print(f"{part} {label}: wall {' '.join(f'{w:.3f}' for w in walls)} s, peak {peak:.1f} GiB",
+                      flush=True)
+                rows.append(dict(op="profile_step", impl=path, shape=f"{a.shape} {part}", metric="wall_ms",
+                                 median=statistics.median(walls) * 1e3, micro_batch_tokens=mbt,
+                                 peak_allocated_gib=peak, device=device, commit=sha))
+                continue
+            prof, wall = profile_part(fn, acts, f"{part} {label}")
             report = profile_report(prof, f"{a.shape} {part} {path}: wall {wall:.3f} s")
-            (a.out / f"profile-{a.shape}-{part}-{path}.txt").write_text(report)
+            (a.out / f"profile-{a.shape}-{part}-{path}{f'-mbt{mbt}' if mbt else ''}.txt").write_text(report)
             fam = family_ms(prof)
             fams[(part, path)] = fam | {"wall": wall * 1e3}
             rows.append(dict(op="profile_step", impl=path, shape=f"{a.shape} {part}", metric="wall_ms",
@@ -132,6 +176,8 @@ def main() -> int:
         del trainer, engine, model
         release_gpu_memory()
     (a.out / "profile_step.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if a.no_profile:
+        return 0
     for part in parts:
         names = sorted(set().union(*(fams[(part, p)] for p in paths)), key=lambda f: -fams[(part, paths[0])].get(f, 0.0))
         print(f"\n{part:6} {'family':22} " + " ".join(f"{p + ' ms':>10}" for p in paths))

@@ -199,6 +199,46 @@ def test_native_packed_prefill_is_one_varlen_flash_call_close_forward_and_backwa
         assert rel(a.grad, b.grad) < 2e-2, (name, rel(a.grad, b.grad))
 
 
+def test_native_paged_prefill_is_one_varlen_flash_call_close_to_the_masked_loop(monkeypatch):
+    """The engine's native prefill against the paged cache: chunks starting at position 0 and past it, and
+    a decode row, in one forward, run as one varlen flash call over the keys gathered from the pages
+    (bottom-right causal), close to the per-sequence masked SDPA in fp32."""
+    from rlkit.kernels import attention, attention_native
+    from rlkit.types import AttentionLayout
+    from tests.gpu.test_kernels_gpu import Paged, qkv
+
+    cache = Paged()
+    seqs = {sid: qkv(n, seed) for sid, n, seed in (("a", 700, 80), ("b", 1300, 81), ("c", 90, 82), ("d", 33, 83))}
+    for sid, (_, k, v) in seqs.items():
+        cache.write(sid, 0, k, v)
+    # a: whole prompt from 0; b: its last 300 tokens (a chunk from 1000); c: one decode row; d: from 0
+    chunks = [("a", 0, 700), ("b", 1000, 1300), ("c", 89, 90), ("d", 0, 33)]
+    q = torch.cat([seqs[sid][0][lo:hi] for sid, lo, hi in chunks])
+    width = max(len(cache.tables[sid]) for sid, *_ in chunks)
+    bt = torch.tensor([cache.tables[sid] + [0] * (width - len(cache.tables[sid])) for sid, *_ in chunks], device=DEV)
+    layout = AttentionLayout.paged(torch.tensor([hi - lo for _, lo, hi in chunks], device=DEV),
+                                   torch.tensor([hi for *_, hi in chunks], device=DEV), bt)
+    assert attention.varlen_prefill_ok(q, layout, attention.host_bounds(layout))
+    calls = []
+    varlen, causal, takes_gqa = attention_native._VARLEN
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return varlen(*args, **kwargs)
+
+    monkeypatch.setattr(attention_native, "_VARLEN", (counted, causal, takes_gqa))
+    out = attention.native(q, cache.k, cache.v, layout)
+    assert calls == [q.shape[0]], f"expected one varlen call over {q.shape[0]} queries, got {calls}"
+    monkeypatch.setattr(attention_native, "_VARLEN", None)  # the per-sequence masked loop, in fp32
+    want = attention.native(q.float(), cache.k.float(), cache.v.float(), layout)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    at = 0
+    for sid, lo, hi in chunks:
+        part = rel(out[at : at + hi - lo], want[at : at + hi - lo])
+        assert part < 1e-2, (sid, lo, hi, part)
+        at += hi - lo
+
+
 @pytest.mark.parametrize("h", [128, 2048])
 def test_one_fused_backward_for_both_paths_close_to_autograd(h):
     """RMSNorm (+ residual, a gradient reaching the sum too) and SwiGLU: the strict and the native

@@ -189,3 +189,30 @@ def test_launch_plan_cache_keys_the_layout_weakly():
     del layout
     gc.collect()
     assert len(attention_kernel._PLAN_CACHE) == n - 1
+
+
+def test_paged_key_rows_pack_each_sequences_keys_in_position_order():
+    """The native paged prefill's gather (one index_select over the flattened cache): segment i of the
+    packed keys is sequence i's keys at positions 0..context-1, the values `gather_keys` reads page by
+    page, and cu_seqlens_k counts them."""
+    from rlkit.kernels import attention_native
+
+    torch.manual_seed(5)
+    cache = PagedCache()
+    lens = {"a": 37, "b": 8, "c": 1, "d": 70}
+    for sid, n in lens.items():
+        _, k, v = seq(n)
+        cache.write(sid, 0, k, v)
+    sids = list(lens)
+    q_lens = [37, 3, 1, 16]  # a from 0; b, c, d chunks ending at their last token
+    layout = AttentionLayout.paged(torch.tensor(q_lens), torch.tensor([lens[s] for s in sids]), cache.block_table(sids))
+    bounds = attention.host_bounds(layout)
+    rows, cu_k = attention_native._paged_key_rows(layout, cache.page, bounds)
+    assert cu_k.dtype == torch.int32 and cu_k.tolist() == [0, 37, 45, 46, 116]
+    packed_k, packed_v = cache.k.flatten(0, 1)[rows], cache.v.flatten(0, 1)[rows]
+    for i, sid in enumerate(sids):
+        kk, vv = attention.gather_keys(cache.k, cache.v, layout, i, bounds)
+        lo, hi = cu_k[i].item(), cu_k[i + 1].item()
+        assert_bitwise_equal(packed_k[lo:hi], kk, f"keys of {sid}")
+        assert_bitwise_equal(packed_v[lo:hi], vv, f"values of {sid}")
+    assert attention_native._paged_key_rows(layout, cache.page, bounds)[0] is rows, "built once a layout"
