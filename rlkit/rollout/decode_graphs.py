@@ -17,6 +17,13 @@ What makes the step capturable: the batch's metadata lives in static device buff
 before each replay; the layout is `AttentionLayout.paged_decode` (launch sized by the block table's
 width, which is the pages of max_model_len), RoPE gets `max_position`, and no op reads a device value
 on the host.
+
+The next step's inputs can also be made on the device (`advance`): the tokens just sampled, every
+position one further, the slot looked up in the same block table. The engine then replays the next step
+before it has read this one's tokens (rlkit/rollout/engine.py, "one step ahead"): the host's bookkeeping
+of a step runs while the GPU computes the next. A row whose next position reaches its sequence's budget
+becomes a padding row (token 0, position 0, the scratch page), so the step ahead never writes past the
+pages a sequence reserved.
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ class DecodeGraphs:
         self.slots = torch.zeros(n, dtype=torch.int64, device=dev)
         self.context_lens = torch.ones(n, dtype=torch.int64, device=dev)
         self.table = torch.zeros(n, self.width, dtype=torch.int32, device=dev)
+        self.limits = torch.ones(n, dtype=torch.int64, device=dev)
+        """Each row's budget: `advance` turns a row whose position reaches it into padding."""
         self._graphs: dict[tuple[int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self.captures = 0
@@ -68,19 +77,35 @@ class DecodeGraphs:
                 return b
         raise ValueError(f"{rows} decode rows exceed max_num_seqs={self.buckets[-1]}")
 
-    def _fill(self, rows: int, ids, positions, slots, context_lens, tables) -> None:
+    def _fill(self, rows: int, ids, positions, slots, context_lens, tables, limits) -> None:
         """Host values of the real rows and of the padding rows after them: one host-to-device copy."""
         b = self.bucket(rows)
         scratch, width = self.cache.scratch_page, self.width
-        host = [[ids[i], positions[i], slots[i], context_lens[i], *tables[i], *[scratch] * (width - len(tables[i]))]
-                for i in range(rows)]
-        host += [[0, 0, scratch * self.cache.page_size, 1, *[scratch] * width]] * (b - rows)
+        host = [[ids[i], positions[i], slots[i], context_lens[i], limits[i], *tables[i],
+                 *[scratch] * (width - len(tables[i]))] for i in range(rows)]
+        host += [[0, 0, scratch * self.cache.page_size, 1, 1, *[scratch] * width]] * (b - rows)
         dev = torch.tensor(host, dtype=torch.int64).to(self.ids.device)
         self.ids[:b].copy_(dev[:, 0])
         self.positions[:b].copy_(dev[:, 1])
         self.slots[:b].copy_(dev[:, 2])
         self.context_lens[:b].copy_(dev[:, 3])
-        self.table[:b].copy_(dev[:, 4:])
+        self.limits[:b].copy_(dev[:, 4])
+        self.table[:b].copy_(dev[:, 5:])
+
+    @torch.no_grad()
+    def advance(self, tokens: torch.Tensor) -> None:
+        """The next decode step's inputs from this step's, on the device (no host sync): row i feeds
+        tokens[i] at its position + 1, its slot from its own block-table row. A row whose new position
+        reaches its limit becomes padding. Rows past len(tokens) (the bucket's padding) stay as they are."""
+        n, page = tokens.shape[0], self.cache.page_size
+        pos = self.positions[:n] + 1
+        live = pos < self.limits[:n]
+        col = (pos // page).clamp_max(self.width - 1)
+        slot = self.table[:n].gather(1, col[:, None])[:, 0].to(torch.int64) * page + pos % page
+        self.ids[:n].copy_(torch.where(live, tokens, 0))
+        self.slots[:n].copy_(torch.where(live, slot, self.cache.scratch_page * page))
+        self.context_lens[:n].copy_(torch.where(live, pos + 1, 1))
+        self.positions[:n].copy_(torch.where(live, pos, 0))
 
     def _forward(self, b: int) -> torch.Tensor:
         """The captured work: built from the static buffers, inside the capture, so every derived
@@ -108,12 +133,17 @@ class DecodeGraphs:
         return graph, logits
 
     @torch.no_grad()
-    def run(self, contract: NumericsContract, ids, positions, slots, context_lens, tables) -> torch.Tensor:
+    def run(self, contract: NumericsContract, ids, positions, slots, context_lens, tables, limits) -> torch.Tensor:
         """fp32 logits [rows, vocab] of one decode step (a view into the graph's output: valid until the
-        next call). `tables`: each row's pages (at most max_model_len's worth)."""
-        rows = len(ids)
+        next call). `tables`: each row's pages (at most max_model_len's worth); `limits`: each row's
+        budget (positions it may reach)."""
+        self._fill(len(ids), ids, positions, slots, context_lens, tables, limits)
+        return self.replay(contract, len(ids))
+
+    @torch.no_grad()
+    def replay(self, contract: NumericsContract, rows: int) -> torch.Tensor:
+        """`run` on the inputs the buffers hold (the last fill, or `advance` since)."""
         b = self.bucket(rows)
-        self._fill(rows, ids, positions, slots, context_lens, tables)
         self.steps += 1
         if not self.capture:
             with ops.use_contract(contract):

@@ -15,6 +15,16 @@ Scheduling, once per `step()`:
 Requests join and leave between steps. Nothing about a request's bits depends on its neighbours: the
 strict ops are batch-invariant and sampling noise comes from the request's own generator.
 
+One step ahead (decode from CUDA graphs): a step's tokens and logprobs are sampled and computed on the
+device and copied to the host in one transfer. While nothing else changes (no request waiting, every row
+still running, none replayed or scored), the engine replays the next decode step (its inputs made on the
+device, `DecodeGraphs.advance`) before it reads this step's results, so the host's bookkeeping overlaps
+the GPU's next step instead of following it. The step ahead runs every row of the step before; a row that
+turns out to have finished then is skipped when that step's results are read (its extra K/V went to its
+own pages or, past its budget, to the scratch page). The rows that go on get the tokens and logprobs
+they would have got one step at a time: under the strict contract their bits do not depend on the other
+rows (tests/rollout/test_decode_graphs.py runs both ways and compares).
+
 `score()` (prefill logprobs of whole sequences) and `replay()` (teacher-forced decode) run the same
 machinery; the parity chain compares them with the trainer and with what `generate()` recorded.
 """
@@ -34,7 +44,7 @@ from rlkit.model.checkpoint import weights_checksum
 from rlkit.model.qwen3 import ForwardBatch, Qwen3ForCausalLM
 from rlkit.rollout.decode_graphs import DecodeGraphs
 from rlkit.rollout.kv_cache import PagedKVCache
-from rlkit.rollout.sampling import request_generator, sample_tokens
+from rlkit.rollout.sampling import request_generator, sample_token_ids
 from rlkit.rollout.types import GenerationRequest, GenerationResult
 from rlkit.types import AttentionLayout
 
@@ -85,6 +95,39 @@ class _Sequence:
         return self.pages[position // page_size] * page_size + position % page_size
 
 
+class _StepOutput:
+    """One step's sampled rows, on the device: tokens (int64) and, where asked, raw and processed logprobs
+    (fp32), their copy to the host started at once (one transfer; on CUDA into pinned memory, without a
+    sync) and read by `read()`."""
+
+    def __init__(self, seqs: list[_Sequence], tokens: torch.Tensor, raw: torch.Tensor | None,
+                 processed: torch.Tensor | None):
+        self.seqs, self.tokens = seqs, tokens
+        self._has = (raw is not None, processed is not None)
+        parts = [tokens.to(torch.float64)] + [t.to(torch.float64) for t in (raw, processed) if t is not None]
+        values = torch.stack(parts)  # float64 holds every token id and every fp32 value exactly
+        self._event = None
+        if values.is_cuda:
+            self._host = torch.empty(values.shape, dtype=torch.float64, pin_memory=True)
+            self._host.copy_(values, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = values
+
+    def wait(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+
+    def read(self) -> tuple[list[int], list[float] | None, list[float] | None]:
+        self.wait()
+        rows = self._host.tolist()
+        tokens = [int(t) for t in rows[0]]
+        raw = rows[1] if self._has[0] else None
+        processed = rows[1 + self._has[0]] if self._has[1] else None
+        return tokens, raw, processed
+
+
 class EmbeddedEngine:
     def __init__(self, model: Qwen3ForCausalLM, contract: NumericsContract | None = None,
                  config: EngineConfig | None = None, engine_id: str = "engine-0", weight_version: int = 0):
@@ -103,6 +146,8 @@ class EmbeddedEngine:
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._finished: list[_Sequence] = []
+        self._ahead: _StepOutput | None = None
+        """A decode step launched before the one before it was read (see "one step ahead")."""
         self._ids = itertools.count()
 
     # -- requests ---------------------------------------------------------------------------------
@@ -146,6 +191,13 @@ class EmbeddedEngine:
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running)
 
+    def _drain(self) -> None:
+        """Read the step launched ahead, if any (before anything that changes what the next step runs:
+        the contract, the weights)."""
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            self._apply(ahead)
+
     # -- the step ---------------------------------------------------------------------------------
     def _admit(self) -> None:
         while self._waiting and len(self._running) < self.config.max_num_seqs:
@@ -186,39 +238,68 @@ class EmbeddedEngine:
                              seq_ids=[s.request.request_id for s, _ in plan])
         return self.model(batch)
 
-    def _graph_logits(self, plan: list[tuple[_Sequence, int]]) -> torch.Tensor | None:
-        """Logits of a decode step replayed from a CUDA graph, or None where the step must run eagerly:
-        no graphs (CPU), a prefill chunk or a scored sequence in the batch, or forward hooks on the
-        model (the divergence locator captures activations by module)."""
+    def _graph_ok(self, plan: list[tuple[_Sequence, int]]) -> bool:
+        """Whether this step can be replayed from a CUDA graph: graphs exist (CUDA), every row decodes one
+        token, none is scored, and the model has no forward hooks (the divergence locator captures
+        activations by module)."""
         if self.graphs is None or any(take != 1 or s.pending != 1 or s.score_logprobs is not None
                                       for s, take in plan):
-            return None
-        if any(m._forward_hooks for m in self._hookable):
-            return None
-        ps = self.config.page_size
-        positions = [s.computed for s, _ in plan]
-        return self.graphs.run(self.contract, [s.tokens[s.computed] for s, _ in plan], positions,
-                               [s.slot(p, ps) for (s, _), p in zip(plan, positions)],
-                               [p + 1 for p in positions], [s.pages for s, _ in plan])
+            return False
+        return not any(m._forward_hooks for m in self._hookable)
+
+    def _graph_step(self, seqs: list[_Sequence], fill: bool) -> _StepOutput:
+        """Replay a decode step of `seqs` (their inputs filled from the host, or already on the device from
+        `advance`), sample it on the device, and make the next step's inputs there when it may follow."""
+        if fill:
+            ps = self.config.page_size
+            positions = [s.computed for s in seqs]
+            logits = self.graphs.run(self.contract, [s.tokens[s.computed] for s in seqs], positions,
+                                     [s.slot(p, ps) for s, p in zip(seqs, positions)], [p + 1 for p in positions],
+                                     [s.pages for s in seqs], [s.budget for s in seqs])
+        else:
+            logits = self.graphs.replay(self.contract, len(seqs))
+        for s in seqs:
+            s.computed += 1
+        out = self._sample(seqs, logits)
+        if all(s.forced is None for s in seqs):
+            self.graphs.advance(out.tokens)
+        return out
+
+    def _may_step_ahead(self, seqs: list[_Sequence]) -> bool:
+        """The next step would be a decode of exactly `seqs`, sampled: nothing waits to be admitted, every
+        one is still running, none is replayed, and nothing hooks the model."""
+        return (not self._waiting and len(seqs) == len(self._running)
+                and all(not s.result.finish_reason and s.forced is None for s in seqs)
+                and not any(m._forward_hooks for m in self._hookable))
 
     @torch.no_grad()
     def step(self) -> list[GenerationResult]:
         """One scheduler step; returns the results that finished in it."""
-        self._admit()
-        plan = self._plan()
-        if plan:
-            with ops.use_contract(self.contract):
-                logits = self._graph_logits(plan)
-                if logits is not None:
-                    self._after_forward(plan, None, logits)
-                else:
+        with ops.use_contract(self.contract):
+            if self._ahead is not None:  # read the step launched ahead (launching the next one first)
+                out, self._ahead = self._ahead, None
+                if self._may_step_ahead(out.seqs):
+                    self._ahead = self._graph_step(out.seqs, fill=False)
+                self._apply(out)
+            else:
+                self._admit()
+                plan = self._plan()
+                if plan and self._graph_ok(plan):
+                    seqs = [s for s, _ in plan]
+                    out = self._graph_step(seqs, fill=True)
+                    if self._may_step_ahead(seqs):
+                        self._ahead = self._graph_step(seqs, fill=False)
+                    self._apply(out)
+                elif plan:
                     self._after_forward(plan, self._forward(plan))
+            if self._ahead is not None and all(s.result.finish_reason for s in self._ahead.seqs):
+                self._ahead.wait()  # every row of the step ahead finished before it: nothing to read
+                self._ahead = None
         done, self._finished = self._finished, []
         return [s.result for s in done]
 
-    def _after_forward(self, plan, hidden: torch.Tensor | None, step_logits: torch.Tensor | None = None) -> None:
-        """`hidden`: the forward's final hidden states, one row per token of the plan; or `step_logits`
-        (a graph-replayed decode step): the fp32 logits of every row, one row per sequence."""
+    def _after_forward(self, plan, hidden: torch.Tensor) -> None:
+        """`hidden`: the forward's final hidden states, one row per token of the plan (an eager step)."""
         row, sample_rows, samplers = 0, [], []
         for seq, take in plan:
             if seq.score_logprobs is not None:
@@ -235,26 +316,45 @@ class EmbeddedEngine:
                 else:
                     sample_rows.append(row - 1)
                     samplers.append(seq)
-        if not samplers:
-            return
-        if step_logits is not None:  # decode step: row i is sequence i, and every one samples
-            logits = step_logits
+        if samplers:
+            self._apply(self._sample(samplers, self.model.logits(hidden[sample_rows])))
+
+    def _sample(self, seqs: list[_Sequence], logits: torch.Tensor) -> _StepOutput:
+        """Tokens (teacher-forced where replaying, else sampled per row from its own generator) and their
+        logprobs for `seqs`, row i from logits[i], all on the device; their copy to the host is started."""
+        dev, n = logits.device, len(seqs)
+        forced = [s.forced.popleft() if s.forced is not None else -1 for s in seqs]
+        groups = self._by_params(seqs, lambda s: s.forced is None)
+        if len(groups) == 1 and len(next(iter(groups.values()))) == n:
+            # every row, one distribution: the logits as they are (a gather would copy rows x vocab fp32)
+            params = next(iter(groups))
+            tok = sample_token_ids(logits, params, [s.generator for s in seqs])
         else:
-            logits = self.model.logits(hidden[sample_rows])  # [n, vocab] fp32
-        tokens = self._choose_tokens(samplers, logits)
-        tok = torch.tensor(tokens, device=logits.device)
+            tok = torch.tensor(forced, device=dev)
+            for params, rows in groups.items():
+                idx = torch.tensor(rows, device=dev)
+                tok[idx] = sample_token_ids(logits[idx], params, [seqs[r].generator for r in rows])
         # logprobs of the chosen tokens, for all rows at once (rows are independent under the contract)
-        raw = ops.logprob_from_logits(logits, tok).tolist() if any(
-            s.result.raw_logprobs is not None for s in samplers) else None
-        processed: dict[int, float] = {}
-        for params, rows in self._by_params(samplers, lambda s: s.result.processed_logprobs is not None).items():
+        raw = ops.logprob_from_logits(logits, tok) if any(s.result.raw_logprobs is not None for s in seqs) else None
+        processed = None
+        for params, rows in self._by_params(seqs, lambda s: s.result.processed_logprobs is not None).items():
+            if processed is None:
+                processed = torch.zeros(n, dtype=torch.float32, device=dev)
+            idx = torch.tensor(rows, device=dev)
             if raw is not None and params.is_identity:  # processed under the identity are the raw logprobs
-                processed.update((r, raw[r]) for r in rows)
-                continue
-            idx = torch.tensor(rows, device=logits.device)
-            processed.update(zip(rows, ops.logprob_from_logits(logits[idx], tok[idx], params).tolist()))
-        for i, seq in enumerate(samplers):
+                processed[idx] = raw[idx]
+            else:
+                processed[idx] = ops.logprob_from_logits(logits[idx], tok[idx], params)
+        return _StepOutput(seqs, tok, raw, processed)
+
+    def _apply(self, out: _StepOutput) -> None:
+        """Read a sampled step to the host and append its tokens and logprobs; a row whose sequence had
+        finished before the step (a step launched ahead) is skipped."""
+        tokens, raw, processed = out.read()
+        for i, seq in enumerate(out.seqs):
             res = seq.result
+            if res.finish_reason:
+                continue
             if res.raw_logprobs is not None:
                 res.raw_logprobs.append(raw[i])
             if res.processed_logprobs is not None:
@@ -270,17 +370,6 @@ class EmbeddedEngine:
             if keep(seq):
                 groups.setdefault(seq.request.sampling.distribution, (seq.request.sampling, []))[1].append(i)
         return dict(groups.values())
-
-    def _choose_tokens(self, seqs: list[_Sequence], logits: torch.Tensor) -> list[int]:
-        """Teacher-forced tokens where replaying, else a sample per row from its own generator."""
-        tokens = [s.forced.popleft() if s.forced is not None else -1 for s in seqs]
-        for params, rows in self._by_params(seqs, lambda s: s.forced is None).items():
-            # every row: the logits as they are (a gather would copy rows x vocab fp32 for the same values)
-            rows_logits = logits if len(rows) == len(seqs) else logits[torch.tensor(rows, device=logits.device)]
-            picked = sample_tokens(rows_logits, params, [seqs[r].generator for r in rows])
-            for r, t in zip(rows, picked):
-                tokens[r] = t
-        return tokens
 
     def _append(self, seq: _Sequence, token: int) -> None:
         s, res = seq.request.sampling, seq.result
@@ -367,6 +456,7 @@ class EmbeddedEngine:
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> str:
         """Copy new weights in place (between steps) and return the checksum of what is now loaded. A
         tensor-parallel engine takes the whole model's state dict, loads its shard and checksums that."""
+        self._drain()
         state_dict = self.model.shard(state_dict)
         params = dict(self.model.state_dict())
         unknown = sorted(set(state_dict) - set(params))
@@ -386,4 +476,5 @@ class EmbeddedEngine:
 
     def set_contract(self, contract: NumericsContract) -> None:
         """Switch kernel paths; takes effect at the next step (the runner calls it at step boundaries)."""
+        self._drain()
         self.contract = contract

@@ -34,13 +34,20 @@ def gumbel_noise(rows: int, vocab: int, generators: list[torch.Generator], devic
     return noise.clamp_min_(1e-300).log_().neg_().log_().neg_()
 
 
-def sample_tokens(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]) -> list[int]:
-    """logits: fp32 [rows, vocab], one generator per row (on the logits' device). One sync for all rows.
-    The processed logits come from `ops.process_logits` under the caller's contract; the choice is
-    argmax(z + Gumbel noise) in float64 (the noise plus z added in place: the same sums as z + noise)."""
+def sample_token_ids(logits: torch.Tensor, params: SamplingParams,
+                     generators: list[torch.Generator]) -> torch.Tensor:
+    """logits: fp32 [rows, vocab], one generator per row (on the logits' device): the chosen ids, int64
+    [rows] on that device (no sync). The processed logits come from `ops.process_logits` under the
+    caller's contract; the choice is argmax(z + Gumbel noise) in float64 (the noise plus z added in place:
+    the same sums as z + noise)."""
     z = ops.process_logits(logits, params)
     noise = gumbel_noise(z.shape[0], z.shape[1], generators, z.device)
-    return torch.argmax(noise.add_(z), dim=-1).tolist()
+    return torch.argmax(noise.add_(z), dim=-1)
+
+
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]) -> list[int]:
+    """`sample_token_ids` read to the host: one sync for all rows."""
+    return sample_token_ids(logits, params, generators).tolist()
 
 
 def sample_token(logits_row: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

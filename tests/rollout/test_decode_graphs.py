@@ -77,3 +77,29 @@ def test_more_rows_than_buckets_is_a_clear_error(model):
     eng = engine(model, NumericsContract.default(), static=True)
     with pytest.raises(ValueError, match="exceed max_num_seqs"):
         eng.graphs.bucket(7)
+
+
+def test_the_step_ahead_runs_while_the_batch_holds_and_reads_nothing_of_finished_rows(model):
+    """One step ahead: with every request admitted and none finishing, each step() launches the next
+    decode before reading its own; a step ahead whose rows all finished is dropped, so nothing is left in
+    flight once generate returns, and a contract switch reads the step ahead first."""
+    contract = NumericsContract.default()
+    eng = engine(model, contract, static=True)
+    reqs = requests(4, max_tokens=6)
+    for r in reqs:
+        eng.add_request(r)
+    eng.step()  # prefill, eager
+    assert eng._ahead is None
+    eng.step()  # a decode step from the buffers' fill, and the next launched ahead
+    assert eng._ahead is not None and [s.request.request_id for s in eng._ahead.seqs] == [r.request_id for r in reqs]
+    replays = eng.graphs.steps
+    eng.set_contract(contract)  # drains: the step ahead is read, none launched
+    assert eng._ahead is None and eng.graphs.steps == replays
+    results = {r.request_id: r for r in eng.run_until_done()}
+    assert eng._ahead is None and not eng.has_unfinished()
+    alone = engine(model, contract, static=False)
+    for r in reqs:
+        want = alone.generate([r])[0]
+        got = results[r.request_id]
+        assert got.token_ids == want.token_ids and len(got.token_ids) == r.sampling.max_tokens, r.request_id
+        assert_bitwise_equal(torch.tensor(got.raw_logprobs), torch.tensor(want.raw_logprobs), r.request_id)
