@@ -74,7 +74,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, contract: Numer
     """Apply temperature, top-k and top-p to fp32 logits; removed entries become -inf. Only the
     distribution fields of `params` are read; the top-p scan follows `logprob.top_p_scan_block`."""
     z = logits if params.temperature == 1.0 else logits / params.temperature
-    neg_inf = torch.tensor(float("-inf"), device=z.device)
+    neg_inf = float("-inf")  # a Python scalar: a 0-d CUDA tensor made from the host would sync the stream
     if params.top_k and params.top_k < z.shape[-1]:
         kth = torch.topk(z, params.top_k, dim=-1).values[:, -1:]
         z = torch.where(z >= kth, z, neg_inf)

@@ -95,6 +95,16 @@ class _Sequence:
         return self.pages[position // page_size] * page_size + position % page_size
 
 
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 `values` on `device` without a stream sync: a copy from pageable host memory to a CUDA
+    device waits for the stream's work first, which would stall the step launched ahead; from pinned
+    memory it is queued like a kernel."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 class _StepOutput:
     """One step's sampled rows, on the device: tokens (int64) and, where asked, raw and processed logprobs
     (fp32), their copy to the host started at once (one transfer; on CUDA into pinned memory, without a
@@ -330,21 +340,22 @@ class EmbeddedEngine:
             params = next(iter(groups))
             tok = sample_token_ids(logits, params, [s.generator for s in seqs])
         else:
-            tok = torch.tensor(forced, device=dev)
+            tok = _to_device(forced, dev)
             for params, rows in groups.items():
-                idx = torch.tensor(rows, device=dev)
+                idx = _to_device(rows, dev)
                 tok[idx] = sample_token_ids(logits[idx], params, [seqs[r].generator for r in rows])
         # logprobs of the chosen tokens, for all rows at once (rows are independent under the contract)
         raw = ops.logprob_from_logits(logits, tok) if any(s.result.raw_logprobs is not None for s in seqs) else None
         processed = None
         for params, rows in self._by_params(seqs, lambda s: s.result.processed_logprobs is not None).items():
+            identity = raw is not None and params.is_identity  # processed under the identity are the raw logprobs
+            if len(rows) == n:
+                processed = raw if identity else ops.logprob_from_logits(logits, tok, params)
+                break
             if processed is None:
                 processed = torch.zeros(n, dtype=torch.float32, device=dev)
-            idx = torch.tensor(rows, device=dev)
-            if raw is not None and params.is_identity:  # processed under the identity are the raw logprobs
-                processed[idx] = raw[idx]
-            else:
-                processed[idx] = ops.logprob_from_logits(logits[idx], tok[idx], params)
+            idx = _to_device(rows, dev)
+            processed[idx] = raw[idx] if identity else ops.logprob_from_logits(logits[idx], tok[idx], params)
         return _StepOutput(seqs, tok, raw, processed)
 
     def _apply(self, out: _StepOutput) -> None:
