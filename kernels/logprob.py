@@ -33,14 +33,16 @@ from rlkit.types import SamplingParams
 OP = "logprob"
 
 
-def check_ids(token_ids: torch.Tensor, rows: int, vocab: int, device) -> None:
+def check_ids(token_ids: torch.Tensor, rows: int, vocab: int, device, in_range: bool = False) -> None:
+    """Shape, dtype and device of token_ids; and, unless the caller vouches for it (`in_range`: ids it
+    sampled from the logits), that each lies in [0, vocab), which reads the ids on the host (a sync)."""
     if token_ids.dim() != 1 or token_ids.shape[0] != rows:
         raise OpInputError(OP, f"token_ids has shape {tuple(token_ids.shape)}; expected [{rows}]")
     if token_ids.dtype not in (torch.int32, torch.int64):
         raise OpInputError(OP, f"token_ids has dtype {token_ids.dtype}; expected int64")
     if token_ids.device != device:
         raise OpInputError(OP, f"token_ids is on {token_ids.device}; expected {device}")
-    if rows:  # one reduction and one device sync (min and max apart were two of each)
+    if rows and not in_range:  # one reduction and one device sync (min and max apart were two of each)
         lo, hi = (int(v) for v in torch.aminmax(token_ids))
         if lo < 0 or hi >= vocab:
             raise OpInputError(OP, f"token ids must lie in [0, {vocab}); got ids from {lo} to {hi}")
@@ -109,9 +111,11 @@ def logits(hidden: torch.Tensor, weight: torch.Tensor, contract: NumericsContrac
 
 
 def from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contract: NumericsContract,
-                params: SamplingParams | None = None) -> torch.Tensor:
-    """Strict logprobs of token_ids under raw (params None) or processed semantics."""
-    check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device)
+                params: SamplingParams | None = None, ids_in_range: bool = False) -> torch.Tensor:
+    """Strict logprobs of token_ids under raw (params None) or processed semantics. `ids_in_range`: the
+    caller knows every id lies in [0, vocab) (it sampled them from these logits), so the range check, a
+    device sync, is skipped."""
+    check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device, ids_in_range)
     z = logits_fp32 if params is None or params.is_identity else process_logits(logits_fp32, params, contract)
     picked = z.gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
     total = lse(z, contract)
@@ -138,10 +142,10 @@ def native_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def native_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contract: NumericsContract,
-                       params: SamplingParams | None = None) -> torch.Tensor:
+                       params: SamplingParams | None = None, ids_in_range: bool = False) -> torch.Tensor:
     """torch.log_softmax of the (processed) logits; the sampling transform is the one definition
     (`process_logits`, so the native path samples and scores the same distribution)."""
-    check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device)
+    check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device, ids_in_range)
     z = logits_fp32 if params is None or params.is_identity else process_logits(logits_fp32, params, contract)
     return torch.log_softmax(z, dim=-1).gather(-1, token_ids.long().unsqueeze(-1)).squeeze(-1)
 
@@ -365,9 +369,10 @@ def _gpu_ok(contract: NumericsContract) -> bool:
 
 
 def triton_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor, contract: NumericsContract,
-                       params: SamplingParams | None = None, parallel: bool | None = None) -> torch.Tensor:
+                       params: SamplingParams | None = None, parallel: bool | None = None,
+                       ids_in_range: bool = False) -> torch.Tensor:
     """`parallel`: a row's vocab chunks in programs of their own (None: `chunks_in_parallel`)."""
-    check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device)
+    check_ids(token_ids, logits_fp32.shape[0], logits_fp32.shape[1], logits_fp32.device, ids_in_range)
     return _triton_from_checked_logits(logits_fp32, token_ids, contract, params, parallel)
 
 
@@ -466,11 +471,11 @@ def strict_logits(hidden, weight, contract):
     return logits(hidden, weight, contract)
 
 
-def strict_from_logits(logits_fp32, token_ids, contract, params=None):
+def strict_from_logits(logits_fp32, token_ids, contract, params=None, ids_in_range: bool = False):
     if _tr.on_gpu(logits_fp32) and _gpu_ok(contract) and not (
             torch.is_grad_enabled() and logits_fp32.requires_grad):
-        return triton_from_logits(logits_fp32, token_ids, contract, params)
-    return from_logits(logits_fp32, token_ids, contract, params)
+        return triton_from_logits(logits_fp32, token_ids, contract, params, ids_in_range=ids_in_range)
+    return from_logits(logits_fp32, token_ids, contract, params, ids_in_range)
 
 
 def strict_log_softmax(logits_fp32, contract):

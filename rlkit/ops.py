@@ -147,11 +147,13 @@ def logits(hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
 
 
 def logprob_from_logits(logits_fp32: torch.Tensor, token_ids: torch.Tensor,
-                        params: SamplingParams | None = None) -> torch.Tensor:
-    """Logprobs of token_ids given fp32 logits: raw (params None) or processed by `params`."""
+                        params: SamplingParams | None = None, ids_in_range: bool = False) -> torch.Tensor:
+    """Logprobs of token_ids given fp32 logits: raw (params None) or processed by `params`.
+    `ids_in_range`: the caller sampled the ids from these logits, so they lie in [0, vocab) and the
+    range check (a device sync: it would stall a decode step launched ahead) is skipped. No bit moves."""
     if _strict("logprob"):
-        return _logprob.strict_from_logits(logits_fp32, token_ids, _ACTIVE.get(), params)
-    return _logprob.native_from_logits(logits_fp32, token_ids, _ACTIVE.get(), params)
+        return _logprob.strict_from_logits(logits_fp32, token_ids, _ACTIVE.get(), params, ids_in_range)
+    return _logprob.native_from_logits(logits_fp32, token_ids, _ACTIVE.get(), params, ids_in_range)
 
 
 def log_softmax(logits_fp32: torch.Tensor) -> torch.Tensor:

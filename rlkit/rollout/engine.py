@@ -333,6 +333,7 @@ class EmbeddedEngine:
         """Tokens (teacher-forced where replaying, else sampled per row from its own generator) and their
         logprobs for `seqs`, row i from logits[i], all on the device; their copy to the host is started."""
         dev, n = logits.device, len(seqs)
+        sampled = all(s.forced is None for s in seqs)
         forced = [s.forced.popleft() if s.forced is not None else -1 for s in seqs]
         groups = self._by_params(seqs, lambda s: s.forced is None)
         if len(groups) == 1 and len(next(iter(groups.values()))) == n:
@@ -344,18 +345,21 @@ class EmbeddedEngine:
             for params, rows in groups.items():
                 idx = _to_device(rows, dev)
                 tok[idx] = sample_token_ids(logits[idx], params, [seqs[r].generator for r in rows])
-        # logprobs of the chosen tokens, for all rows at once (rows are independent under the contract)
-        raw = ops.logprob_from_logits(logits, tok) if any(s.result.raw_logprobs is not None for s in seqs) else None
+        # logprobs of the chosen tokens, for all rows at once (rows are independent under the contract);
+        # sampled ids are in range by construction (argmax over the vocabulary), forced ones are checked
+        raw = ops.logprob_from_logits(logits, tok, ids_in_range=sampled) if any(
+            s.result.raw_logprobs is not None for s in seqs) else None
         processed = None
         for params, rows in self._by_params(seqs, lambda s: s.result.processed_logprobs is not None).items():
             identity = raw is not None and params.is_identity  # processed under the identity are the raw logprobs
             if len(rows) == n:
-                processed = raw if identity else ops.logprob_from_logits(logits, tok, params)
+                processed = raw if identity else ops.logprob_from_logits(logits, tok, params, ids_in_range=sampled)
                 break
             if processed is None:
                 processed = torch.zeros(n, dtype=torch.float32, device=dev)
             idx = _to_device(rows, dev)
-            processed[idx] = raw[idx] if identity else ops.logprob_from_logits(logits[idx], tok[idx], params)
+            processed[idx] = raw[idx] if identity else ops.logprob_from_logits(logits[idx], tok[idx], params,
+                                                                              ids_in_range=sampled)
         return _StepOutput(seqs, tok, raw, processed)
 
     def _apply(self, out: _StepOutput) -> None:

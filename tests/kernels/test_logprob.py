@@ -149,3 +149,22 @@ def test_bad_inputs():
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=0.0)
+
+
+@pytest.mark.parametrize("path", ["strict", "native"])
+def test_ids_in_range_skips_only_the_range_check(path):
+    """`ids_in_range` (the engine's sampled ids): the same bits as the checked call; the shape check still
+    runs, and only the range check (a device read) is the caller's to vouch for."""
+    from rlkit import ops
+
+    contract = SMALL if path == "strict" else NumericsContract.native()
+    logits = torch.randn(5, V, generator=torch.Generator().manual_seed(9))
+    ids = torch.tensor([0, 7, V - 1, 3, 99])
+    with ops.use_contract(contract):
+        for params in (None, SamplingParams(temperature=0.7, top_p=0.9)):
+            assert_bitwise_equal(ops.logprob_from_logits(logits, ids, params, ids_in_range=True),
+                                 ops.logprob_from_logits(logits, ids, params), f"{path} {params}")
+        with pytest.raises(OpInputError, match=r"token ids must lie in"):
+            ops.logprob_from_logits(logits, torch.tensor([0, 1, 2, 3, V]))
+        with pytest.raises(OpInputError, match=r"token_ids has shape"):
+            ops.logprob_from_logits(logits, ids[:3], ids_in_range=True)
