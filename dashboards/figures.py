@@ -36,9 +36,13 @@ def run_color(i: int) -> str:
 class StepCharts:
     """One row per metric, one trace per (run, metric); x is the step."""
 
-    def __init__(self, labels: list[str]):
+    def __init__(self, labels: list[str], metrics: list[str] | None = None):
+        """`metrics`: the rows to draw, keys of METRICS in the order given (None: all of them)."""
         self.labels = list(labels)
-        self.metrics = list(METRICS)
+        self.metrics = list(METRICS) if metrics is None else list(metrics)
+        unknown = [m for m in self.metrics if m not in METRICS]
+        if unknown or not self.metrics:
+            raise ValueError(f"unknown step metrics {unknown}; choose from {', '.join(METRICS)}")
         self.fig = make_subplots(rows=len(self.metrics), cols=1, shared_xaxes=True, vertical_spacing=0.045,
                                  subplot_titles=[METRICS[m] for m in self.metrics])
         for i, label in enumerate(self.labels):
@@ -49,7 +53,8 @@ class StepCharts:
                     connectgaps=metric == "heldout_reward",
                     hovertemplate=f"{label} · step %{{x}}<br>{METRICS[metric]} %{{y:.6g}}<extra></extra>"),
                     row=j + 1, col=1)
-        self.fig.update_yaxes(rangemode="tozero", row=1, col=1)
+        if self.metrics[0] == "mismatch_count":
+            self.fig.update_yaxes(rangemode="tozero", row=1, col=1)
         self.fig.update_xaxes(tickformat="d")
         self.fig.update_xaxes(title_text="step", row=len(self.metrics), col=1)
         self.fig.update_layout(height=150 * len(self.metrics) + 60, margin=dict(l=60, r=20, t=40, b=40),

@@ -86,6 +86,16 @@ def make_trainer(cfg: RunConfig, model: Qwen3ForCausalLM, contract: NumericsCont
     return EmbeddedTrainer(model, contract, cfg.optim)
 
 
+def logprobs_to_host(logprobs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The trainer's per-sequence logprobs on the host, detached, read in one device-to-host copy: the
+    loop compares and stores them there. A copy a sequence was a sync each (256 a step at the learning
+    shape), and a Ray actor returning CUDA tensors had each one pickled storage by storage."""
+    if not logprobs:
+        return []
+    flat = torch.cat([t.detach().reshape(-1) for t in logprobs]).cpu()
+    return list(flat.split([t.numel() for t in logprobs]))
+
+
 def engine_copy(model: Qwen3ForCausalLM) -> Qwen3ForCausalLM:
     clone = copy.deepcopy(model)
     for p in clone.parameters():

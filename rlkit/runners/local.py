@@ -13,7 +13,7 @@ from rlkit.divergence import locate_first_divergence
 from rlkit.model.qwen3 import Qwen3ForCausalLM
 from rlkit.rollout.engine import EmbeddedEngine
 from rlkit.rollout.types import GenerationRequest, GenerationResult
-from rlkit.runners.base import engine_copy, make_trainer, split_requests, sync_event
+from rlkit.runners.base import engine_copy, logprobs_to_host, make_trainer, split_requests, sync_event
 from rlkit.timeline.records import SyncEvent
 from rlkit.train.trainer import TrainBatch
 
@@ -36,7 +36,8 @@ class LocalRunner:
         return sorted(out, key=lambda r: order[r.request_id])
 
     def train_step(self, batch: TrainBatch):
-        return self.trainer.train_step(batch)
+        logprobs, stats = self.trainer.train_step(batch)
+        return logprobs_to_host(logprobs), stats
 
     def publish(self, version: int) -> str:
         self._published = self.trainer.state_dict()

@@ -44,7 +44,7 @@ from rlkit.divergence import locate_first_divergence
 from rlkit.distributed import free_port, join_group
 from rlkit.model.qwen3 import Qwen3ForCausalLM
 from rlkit.rollout.types import GenerationRequest, GenerationResult
-from rlkit.runners.base import engine_copy, split_requests, sync_event
+from rlkit.runners.base import engine_copy, logprobs_to_host, split_requests, sync_event
 from rlkit.runners.placement import plan_gpus
 from rlkit.runners.shared_weights import SharedWeights
 from rlkit.timeline.records import SyncEvent
@@ -71,7 +71,8 @@ class _TrainerActor:
         self.trainer = make_trainer(cfg, model, contract)
 
     def train_step(self, batch: TrainBatch):
-        return self.trainer.train_step(batch)
+        logprobs, stats = self.trainer.train_step(batch)
+        return logprobs_to_host(logprobs), stats
 
     def gpu_ids(self) -> list:
         return _ray().get_gpu_ids()

@@ -256,3 +256,19 @@ def test_a_finished_run_releases_its_engines_and_trainer(tmp_path, monkeypatch):
     gc.collect()
     assert len(held) == 1 and len(refs) == 3
     assert [r() is None for r in refs] == [True, True, True], "the closed runner still holds engine/cache/trainer"
+
+
+def test_trainer_logprobs_reach_the_host_in_one_copy_unchanged():
+    """`logprobs_to_host`: the per-sequence tensors, detached, on the CPU, the same values and lengths
+    (views of one copy)."""
+    import torch
+
+    from rlkit.bitwise import assert_bitwise_equal
+    from rlkit.runners.base import logprobs_to_host
+
+    parts = [torch.randn(n, requires_grad=True) * 1.0 for n in (3, 1, 7)]
+    out = logprobs_to_host(parts)
+    assert [t.shape for t in out] == [t.shape for t in parts] and not any(t.requires_grad for t in out)
+    for a, b in zip(out, parts):
+        assert_bitwise_equal(a, b.detach(), "host copy")
+    assert logprobs_to_host([]) == []
