@@ -33,31 +33,42 @@ def find_chromium(path: str | None = None) -> str:
                        "Debian's chromium (or pass chromium=PATH)")
 
 
-def figure_png(fig: go.Figure, path, width: int = 1000, chromium: str | None = None) -> Path:
+def figure_png(fig: go.Figure, path, width: int = 1000, chromium: str | None = None, browser=None) -> Path:
     """Write `fig` to `path` as a PNG of `width` CSS pixels (its height: the figure's own, else 600),
-    rendered by Plotly.js in headless Chromium with the figure's data inlined (no network)."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        raise RuntimeError("figure_png needs Playwright: pip install -r requirements-test.txt") from None
-    exe = find_chromium(chromium)
+    rendered by Plotly.js in headless Chromium with the figure's data inlined (no network). `browser`: a
+    Playwright Browser to draw in (one for many figures; Playwright's sync API runs one instance a
+    thread); None starts Chromium for this figure."""
     height = int(fig.layout.height or 600)
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     html = fig.to_html(include_plotlyjs=True, full_html=True, config={"staticPlot": True},
                        default_width=f"{width}px", default_height=f"{height}px")
+    if browser is None:
+        try:
+            from playwright.sync_api import sync_playwright
+        except ImportError:
+            raise RuntimeError("figure_png needs Playwright: pip install -r requirements-test.txt") from None
+        exe = find_chromium(chromium)
+        with sync_playwright() as p:
+            own = p.chromium.launch(executable_path=exe, args=CHROMIUM_FLAGS)
+            try:
+                return _draw(own, html, out, width, height)
+            finally:
+                own.close()
+    return _draw(browser, html, out, width, height)
+
+
+def _draw(browser, html: str, out: Path, width: int, height: int) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rlkit-png-") as tmp:
         page_file = Path(tmp) / "figure.html"
         page_file.write_text(html)
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=exe, args=CHROMIUM_FLAGS)
-            try:
-                page = browser.new_page(viewport={"width": width, "height": height})
-                page.goto(page_file.as_uri())
-                page.wait_for_selector(".plotly-graph-div .main-svg")
-                page.locator(".plotly-graph-div").first.screenshot(path=str(out))
-            finally:
-                browser.close()
+        page = browser.new_page(viewport={"width": width, "height": height})
+        try:
+            page.goto(page_file.as_uri())
+            page.wait_for_selector(".plotly-graph-div .main-svg")
+            page.locator(".plotly-graph-div").first.screenshot(path=str(out))
+        finally:
+            page.close()
     return out
 
 
@@ -70,6 +81,6 @@ def step_charts(run_dirs, metrics: list[str] | None = None) -> go.Figure:
 
 
 def step_charts_png(run_dirs, path, metrics: list[str] | None = None, width: int = 1000,
-                    chromium: str | None = None) -> Path:
+                    chromium: str | None = None, browser=None) -> Path:
     """`step_charts` of `run_dirs` written to `path` as a PNG (see `figure_png`)."""
-    return figure_png(step_charts(run_dirs, metrics), path, width, chromium)
+    return figure_png(step_charts(run_dirs, metrics), path, width, chromium, browser)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rlkit.dashboards import export
-from tests.dashboards.conftest import CHROMIUM, FakeRun
+from tests.dashboards.conftest import FakeRun
 
 
 def png_pixels(path):
@@ -38,9 +38,11 @@ def test_step_charts_overlay_the_runs_chosen_metrics(two_runs):
         export.step_charts([two_runs[0].run_dir], metrics=["reward"])
 
 
-def test_png_has_the_figures_size_and_is_drawn(two_runs, tmp_path):
+def test_png_has_the_figures_size_and_is_drawn(two_runs, tmp_path, browser):
+    """Drawn in the dashboard tests' Chromium (Playwright's sync API runs one instance a thread, and the
+    package's `browser` fixture holds it); `lab/plot_steps.py` starts its own."""
     out = export.step_charts_png([r.run_dir for r in two_runs], tmp_path / "img" / "steps.png",
-                                 metrics=["reward_mean", "k3_kl"], width=800, chromium=CHROMIUM)
+                                 metrics=["reward_mean", "k3_kl"], width=800, browser=browser)
     w, h, px = png_pixels(out)
     assert w == 800 and h == 150 * 2 + 60, (w, h)
     colours = {tuple(c) for c in px[:, :, :3].reshape(-1, 3)[:: 97]}
