@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import warnings
 
 import torch
@@ -162,10 +163,7 @@ def _paged_key_rows(layout: AttentionLayout, page: int, bounds: dict[str, list[i
     ctx = bounds["context_lens"]
     total = sum(ctx)
     dev = layout.block_table.device
-    cu_host = [0]
-    for n in ctx:
-        cu_host.append(cu_host[-1] + n)
-    cu_k = torch.tensor(cu_host, dtype=torch.int64, device=dev)
+    cu_k = torch.tensor(list(itertools.accumulate(ctx, initial=0)), dtype=torch.int64, device=dev)
     seq = torch.repeat_interleave(torch.arange(len(ctx), device=dev), cu_k[1:] - cu_k[:-1], output_size=total)
     pos = torch.arange(total, device=dev) - cu_k[seq]
     rows = layout.block_table[seq, pos // page].to(torch.int64) * page + pos % page

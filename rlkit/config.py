@@ -241,8 +241,8 @@ def learning_0_6b(**overrides) -> RunConfig:
     prefill in 16,384-token forwards. The trainer takes the ~65 k tokens (prompt + response) of a step in
     two 32,768-token micro-batches, each one packed forward: on the H200 a train step took 0.71 s strict /
     0.67 s native against 1.43 / 0.98 s in 8,192-token ones (fewer, larger launches: the trainer was bound
-    by the host's launch rate), at a peak of 65 / 76 GiB (lab/LOG.md 2026-12-02, session 10). The learning rate is a first guess for RL after a supervised start from
-    scratch at 3e-4 (not tuned)."""
+    by the host's launch rate), at a peak of 65 / 76 GiB (lab/LOG.md 2026-12-02, session 10). The learning
+    rate is a first guess for RL after a supervised start from scratch at 3e-4 (not tuned)."""
     cfg = RunConfig(model="qwen3-0.6b", dtype="bfloat16", device="cuda", task="add9c", steps=300, seed=1234,
                     prompts_per_step=16, samples_per_prompt=16, locate_every=0, checkpoint_every=50,
                     heldout_every=10, heldout_prompts=256,

@@ -157,9 +157,9 @@ class EmbeddedEngine:
         self._running: list[_Sequence] = []
         self._finished: list[_Sequence] = []
         self._ahead: _StepOutput | None = None
+        """A decode step launched before the one before it was read (see "one step ahead")."""
         self._groups_of: tuple | None = None
         """(the batch list, its sampling groups, its processed-logprob groups) of the last `_groups`."""
-        """A decode step launched before the one before it was read (see "one step ahead")."""
         self._ids = itertools.count()
 
     # -- requests ---------------------------------------------------------------------------------
@@ -259,23 +259,22 @@ class EmbeddedEngine:
             return False
         return not any(m._forward_hooks for m in self._hookable)
 
-    def _graph_step(self, seqs: list[_Sequence], fill: bool) -> _StepOutput:
-        """Replay a decode step of `seqs` (their inputs filled from the host, or already on the device from
-        `advance`), sample it on the device, and make the next step's inputs there when it may follow."""
-        if fill:
+    def _graph_step(self, seqs: list[_Sequence], after: _StepOutput | None = None) -> _StepOutput:
+        """Replay a decode step of `seqs` and sample it on the device. Its inputs: filled from the host, or,
+        for the step ahead of `after` (the same rows, not yet read), made on the device from after's tokens
+        (`DecodeGraphs.advance`)."""
+        if after is None:
             ps = self.config.page_size
             positions = [s.computed for s in seqs]
             logits = self.graphs.run(self.contract, [s.tokens[s.computed] for s in seqs], positions,
                                      [s.slot(p, ps) for s, p in zip(seqs, positions)], [p + 1 for p in positions],
                                      [s.pages for s in seqs], [s.budget for s in seqs])
         else:
+            self.graphs.advance(after.tokens)
             logits = self.graphs.replay(self.contract, len(seqs))
         for s in seqs:
             s.computed += 1
-        out = self._sample(seqs, logits)
-        if all(s.forced is None for s in seqs):
-            self.graphs.advance(out.tokens)
-        return out
+        return self._sample(seqs, logits)
 
     def _may_step_ahead(self, seqs: list[_Sequence]) -> bool:
         """The next step would be a decode of exactly `seqs`, sampled: nothing waits to be admitted, every
@@ -291,16 +290,16 @@ class EmbeddedEngine:
             if self._ahead is not None:  # read the step launched ahead (launching the next one first)
                 out, self._ahead = self._ahead, None
                 if self._may_step_ahead(out.seqs):
-                    self._ahead = self._graph_step(out.seqs, fill=False)
+                    self._ahead = self._graph_step(out.seqs, after=out)
                 self._apply(out)
             else:
                 self._admit()
                 plan = self._plan()
                 if plan and self._graph_ok(plan):
                     seqs = [s for s, _ in plan]
-                    out = self._graph_step(seqs, fill=True)
+                    out = self._graph_step(seqs)
                     if self._may_step_ahead(seqs):
-                        self._ahead = self._graph_step(seqs, fill=False)
+                        self._ahead = self._graph_step(seqs, after=out)
                     self._apply(out)
                 elif plan:
                     self._after_forward(plan, self._forward(plan))
