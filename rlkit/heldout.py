@@ -75,3 +75,66 @@ class HeldoutSet:
         rewards = [self.task.reward(decode(r.token_ids, tok), p.answer) for r, p in zip(results, self.problems)]
         return HeldoutScore(sum(rewards) / len(rewards), len(rewards),
                             sum(len(r.token_ids) for r in results) / len(results))
+
+
+@dataclass(frozen=True)
+class HeldoutRise:
+    """How far a run's held-out reward rose from its first evaluation, measured against the run's own
+    evaluation-to-evaluation noise (issue 17: "rises above its warm-start value by more than its noise").
+
+    `noise` is the standard deviation of the change from one evaluation to the next over the whole run.
+    It counts the real learning between evaluations as noise too, so it overstates the noise of a run
+    that is still climbing: a rise that clears it clears the sampling noise with room to spare. The
+    held-out prompts and their sampling noise are fixed (HeldoutSet), so two evaluations differ by the
+    weights alone; `sampling_se` is the binomial standard error of one evaluation's mean at `start`,
+    for a 0/1 reward over `n_prompts` prompts."""
+
+    steps: tuple[int, ...]
+    rewards: tuple[float, ...]
+    tail: int
+    n_prompts: int | None
+
+    @property
+    def start(self) -> float:
+        """The first evaluation: a run's step 0 scores the weights it started from."""
+        return self.rewards[0]
+
+    @property
+    def end(self) -> float:
+        """The mean of the last `tail` evaluations."""
+        last = self.rewards[-self.tail:]
+        return sum(last) / len(last)
+
+    @property
+    def rise(self) -> float:
+        return self.end - self.start
+
+    @property
+    def noise(self) -> float:
+        changes = [b - a for a, b in zip(self.rewards, self.rewards[1:])]
+        mean = sum(changes) / len(changes)
+        return (sum((c - mean) ** 2 for c in changes) / (len(changes) - 1)) ** 0.5
+
+    @property
+    def sampling_se(self) -> float | None:
+        if not self.n_prompts:
+            return None
+        return (self.start * (1 - self.start) / self.n_prompts) ** 0.5
+
+    def summary(self) -> str:
+        se = "" if self.sampling_se is None else f"; one evaluation's binomial s.e. at the start {self.sampling_se:.3f}"
+        return (f"held-out reward {self.start:.3f} at step {self.steps[0]} -> {self.end:.3f} (mean of the last "
+                f"{self.tail} of {len(self.rewards)} evaluations): a rise of {self.rise:+.3f}, "
+                f"{self.rise / self.noise:.1f}x the evaluation-to-evaluation noise {self.noise:.3f}{se}")
+
+
+def heldout_rise(steps, tail: int = 5, n_prompts: int | None = None) -> HeldoutRise:
+    """The held-out rise of a run from its step summaries (RunStore.steps()); the steps that did not
+    evaluate (heldout_reward None) are left out. Needs at least `tail` + 2 evaluations."""
+    if tail < 1:
+        raise ValueError(f"tail must be at least 1, got {tail}")
+    held = [(s.step, s.heldout_reward) for s in steps if s.heldout_reward is not None]
+    if len(held) < tail + 2:
+        raise ValueError(f"{len(held)} held-out evaluations; the rise against the noise needs at least {tail + 2} "
+                         f"(RunConfig.heldout_every sets how often a run evaluates)")
+    return HeldoutRise(tuple(s for s, _ in held), tuple(float(r) for _, r in held), tail, n_prompts)

@@ -1,0 +1,49 @@
+"""The held-out rise against the run's own noise (rlkit.heldout.heldout_rise), on hand-made summaries and on
+the committed H200 strict learning arm."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from rlkit.heldout import heldout_rise
+from rlkit.timeline import RunStore
+from tests.conftest import REPO
+
+LEARNING = REPO / "lab" / "runs" / "h200-learning-2026-12-02"
+
+
+def summaries(rewards: dict[int, float], n_steps: int):
+    return [SimpleNamespace(step=i, heldout_reward=rewards.get(i)) for i in range(n_steps)]
+
+
+def test_the_rise_is_the_last_evaluations_mean_over_the_first_and_the_noise_their_changes_spread():
+    rise = heldout_rise(summaries({0: 0.5, 10: 0.6, 20: 0.8, 30: 0.7, 40: 0.9}, 45), tail=2, n_prompts=100)
+    assert rise.steps == (0, 10, 20, 30, 40) and rise.start == 0.5
+    assert rise.end == pytest.approx(0.8) and rise.rise == pytest.approx(0.3)
+    changes = [0.1, 0.2, -0.1, 0.2]  # sample standard deviation of the evaluation-to-evaluation changes
+    mean = sum(changes) / 4
+    assert rise.noise == pytest.approx((sum((c - mean) ** 2 for c in changes) / 3) ** 0.5)
+    assert rise.sampling_se == pytest.approx((0.25 / 100) ** 0.5)
+    assert "a rise of +0.300" in rise.summary() and "binomial s.e. at the start 0.050" in rise.summary()
+
+
+def test_too_few_evaluations_or_a_bad_tail_is_a_clear_error():
+    with pytest.raises(ValueError, match="3 held-out evaluations; .* needs at least 7"):
+        heldout_rise(summaries({0: 0.1, 5: 0.2, 9: 0.3}, 10))
+    with pytest.raises(ValueError, match="tail must be at least 1"):
+        heldout_rise(summaries({0: 0.1}, 1), tail=0)
+
+
+def test_the_h200_strict_arm_rises_past_its_noise_with_no_mismatch():
+    """Issue 17's criteria on the committed store: 300 steps, 0 mismatching tokens over >= 10 M compared,
+    and the held-out reward's rise larger than its evaluation-to-evaluation noise."""
+    with RunStore.open(LEARNING / "strict", readonly=True) as store:
+        steps, cfg = store.steps(), store.config()
+    compared = sum(s.compared_tokens for s in steps)
+    mismatches = [(s.step, s.mismatch_count) for s in steps if s.mismatch_count]
+    assert len(steps) == 300 and not mismatches and compared >= 10_000_000, (len(steps), mismatches[:5], compared)
+    rise = heldout_rise(steps, n_prompts=cfg["heldout_prompts"])
+    print(rise.summary())
+    assert rise.rise > rise.noise > 0, rise.summary()
