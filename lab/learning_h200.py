@@ -26,6 +26,9 @@ Phases (one per device call, each within the call's 10 minutes):
 On the lent H200 (rlkit installed editable first, offline; the data travel in an ignored folder):
     RLKIT_DATA=.device_data python3 lab/learning_h200.py warmstart --ckpt /tmp/learn/warm --minutes 8
     RLKIT_DATA=.device_data python3 lab/learning_h200.py arm --path strict --ckpt /tmp/learn/warm --minutes 8 --out $OUT
+Two arms side by side on one GPU (each process starts its own local Ray instance; give each its own --work):
+    python3 lab/learning_h200.py arm --path strict --micro-batch-tokens 16384 --work /tmp/learn/s ... &
+    python3 lab/learning_h200.py arm --path native --micro-batch-tokens 16384 --work /tmp/learn/n ... & wait
 --dry-run runs the same phases on the CPU with the tiny preset and a few small steps of the same task (2 x 2
 samples, responses up to the task's 192 tokens).
 """
@@ -33,6 +36,7 @@ samples, responses up to the task's 192 tokens).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -95,6 +99,9 @@ def arm_phase(args) -> int:
     run_dir = Path(args.work) / f"arm-{args.path}"
     cfg = learning_0_6b(path=args.path, steps=args.steps, init_checkpoint=str(args.ckpt), runner=args.runner,
                         **(DRY_ARM if args.dry_run else {}))
+    if args.micro_batch_tokens:
+        cfg = cfg.replace(optim=dataclasses.replace(cfg.optim, max_batch_tokens=args.micro_batch_tokens,
+                                                    micro_batch_tokens=args.micro_batch_tokens))
     before, wall = 0, 0.0
     if (run_dir / DB_NAME).exists():
         with RunStore.open(run_dir, readonly=True) as s:
@@ -140,6 +147,11 @@ def main() -> int:
     a.add_argument("--runner", choices=["local", "ray"], default="local",
                    help="ray: the trainer and the rollout engine as Ray actors sharing the GPU (issue 17); "
                         "Ray must be importable (lab/device_carry.py)")
+    a.add_argument("--micro-batch-tokens", type=int, default=0,
+                   help="the trainer's micro-batch (and packed forward) in tokens instead of the preset's 32,768: "
+                        "16,384 halves the trainer's activation peak (65 / 76 GiB strict / native at 32,768), so "
+                        "two arms fit one H200 side by side; it changes the update's bits (another order of "
+                        "gradient additions), so both arms of a comparison take the same value")
     for p in (w, a):
         p.add_argument("--dry-run", action="store_true", help="the same phase on the CPU with the tiny preset")
     args = ap.parse_args()
