@@ -21,7 +21,7 @@ done
 rc=0
 for pid in "${pids[@]}"; do wait "$pid" || { s=$?; [ $rc -eq 0 ] && rc=$s; }; done
 kill $sampler 2>/dev/null
-peak=$(awk -F', ' '{gsub(/ MiB/, "", $2); if ($2 > m) m = $2} END {print m + 0}' "$out/gpu.csv")
+peak=$(awk -F", " '{v = $2 + 0; if (v > m) m = v} END {print m + 0}' "$out/gpu.csv")
 echo "pair: arms exited with $rc; GPU memory peak $peak MiB over $(wc -l < "$out/gpu.csv") samples"
 for path in strict native; do grep -E "^$path: " "$out/arm-$path.log"; done
 exit $rc
