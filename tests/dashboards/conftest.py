@@ -7,6 +7,7 @@ $RLKIT_ARTIFACTS/dashboards/ when that is set (CI keeps the folder as a build ar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -129,6 +130,25 @@ def http(method: str, url: str, body: dict | None = None, token: str | None = No
         return e.code, json.loads(e.read() or b"{}")
     except (urllib.error.URLError, ConnectionError):
         return 0, {}
+
+
+@contextlib.contextmanager
+def serve_finished_runs(run_dirs, log: Path):
+    """`rlkit dashboard RUN_DIRS` on a free port, yielding its base URL once the API answers; on leaving,
+    stopped, and its exit status (0) and log (no traceback) checked. Enter it in a fixture requested before
+    `page`, so the page is closed before its server goes away."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    dash = rlkit("dashboard", *map(str, run_dirs), "--port", str(port), "--token", TOKEN, "--period-ms", "500",
+                 log=log)
+    try:
+        wait_for("the dashboard server", lambda: http("GET", f"{base}/api/status", token=TOKEN)[0] == 200,
+                 proc=dash, log=log)
+        yield base
+    finally:
+        code = stop(dash)
+    assert code == 0, log.read_text()[-2000:]
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
 def steps_in(run_dir: Path) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from rlkit.interop import import_run
-from tests.dashboards.conftest import TOKEN, free_port, http, rlkit, stop, wait_for
+from tests.dashboards.conftest import TOKEN, serve_finished_runs
 from tests.interop.dumps import write_slime
 
 pytestmark = pytest.mark.browser
@@ -24,17 +24,8 @@ def imported_dashboard(tmp_path):
     write_slime(tmp_path / "dump")
     run_dir = tmp_path / "slime-run"
     import_run("slime", tmp_path / "dump", run_dir).close()
-    port = free_port()
-    base, log = f"http://127.0.0.1:{port}", tmp_path / "dashboard.log"
-    dash = rlkit("dashboard", str(run_dir), "--port", str(port), "--token", TOKEN, "--period-ms", "500", log=log)
-    try:
-        wait_for("the dashboard server", lambda: http("GET", f"{base}/api/status", token=TOKEN)[0] == 200,
-                 proc=dash, log=log)
+    with serve_finished_runs([run_dir], tmp_path / "dashboard.log") as base:
         yield base
-    finally:
-        code = stop(dash)
-    assert code == 0, log.read_text()[-2000:]
-    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
 def test_an_imported_slime_run_opens_in_the_dashboard(imported_dashboard, page):
