@@ -75,6 +75,8 @@ def warmstart_phase(args) -> int:
 
 COMPARED_TARGET = 10_000_000
 """Issue 17: the strict arm compares at least this many response tokens in all."""
+ARM_STEPS = 300
+"""Issue 17: each arm runs at least this many steps."""
 
 
 def print_steps(path: str, steps, compared_before: int = 0) -> None:
@@ -140,7 +142,7 @@ def main() -> int:
     a = sub.add_parser("arm", help="one RL arm from the init checkpoint (created or resumed)")
     a.add_argument("--path", required=True, choices=["strict", "native"])
     a.add_argument("--ckpt", required=True, help="the init checkpoint (warmstart --ckpt)")
-    a.add_argument("--steps", type=int, default=300)
+    a.add_argument("--steps", type=int, default=ARM_STEPS)
     a.add_argument("--minutes", type=float, default=8.0)
     a.add_argument("--work", default="/tmp/rlkit-learning", help="where the arms' run folders live")
     a.add_argument("--out", help="export the arm's store under this folder")

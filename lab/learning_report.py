@@ -19,11 +19,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from learning_h200 import ARM_STEPS, COMPARED_TARGET  # lab/ is this script's folder
 from rlkit.heldout import heldout_rise
 from rlkit.timeline.store import RunStore, StoreError
-
-MIN_STEPS = 300
-MIN_COMPARED = 10_000_000
 
 
 def block_rows(steps, block: int) -> list[str]:
@@ -55,9 +53,9 @@ def criteria(steps, rise) -> list[tuple[str, bool]]:
     compared = sum(s.compared_tokens for s in steps)
     bad = [s.step for s in steps if s.mismatch_count]
     return [
-        (f"{len(steps)} steps (at least {MIN_STEPS})", len(steps) >= MIN_STEPS),
+        (f"{len(steps)} steps (at least {ARM_STEPS})", len(steps) >= ARM_STEPS),
         (f"mismatching tokens at {len(bad)} steps" + (f" (first: {bad[:5]})" if bad else ""), not bad),
-        (f"{compared:,} compared tokens (at least {MIN_COMPARED:,})", compared >= MIN_COMPARED),
+        (f"{compared:,} compared tokens (at least {COMPARED_TARGET:,})", compared >= COMPARED_TARGET),
         ("held-out rise " + (f"{rise.rise:+.3f} against noise {rise.noise:.3f}" if rise else "not measurable"),
          bool(rise) and rise.rise > rise.noise > 0),
     ]
