@@ -209,7 +209,9 @@ class HeatmapChart:
             self.fig.layout.yaxis.tickvals = rows.tolist()
             self.fig.layout.yaxis.ticktext = list(hm.labels)
             self.fig.layout.height = int(max(220, 90 + min(22, max(12, 1200 // max(n, 1))) * n))
-            self.fig.layout.xaxis.dtick = 1 if width <= 40 else None  # every position while they fit
+            # every position while they fit; none on a step without rows (the last step's range is kept)
+            self.fig.layout.xaxis.dtick = 1 if 0 < width <= 40 else None
+            self.fig.layout.xaxis.showticklabels = n > 0
             title = (f"{run_label} step {hm.step}: {hm.note}" if hm.note else
                      f"{run_label} step {hm.step}: {n} samples × {width} positions, {int(hm.mismatch.sum())} tokens differ")
             self.fig.layout.title = dict(text=title, font=dict(size=13))

@@ -1,5 +1,5 @@
-"""The held-out rise against the run's own noise (rlkit.heldout.heldout_rise), on hand-made summaries. Issue
-17's criteria on the H200 learning arms get their test with the arms' committed stores."""
+"""The held-out rise against the run's own noise (rlkit.heldout.heldout_rise), on hand-made summaries and on
+the committed H200 strict learning arm (issue 17's criteria)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from rlkit.heldout import heldout_rise
+from rlkit.timeline import RunStore
+from tests.conftest import REPO
+
+LEARNING = REPO / "lab" / "runs" / "h200-learning-2026-12-03"
 
 
 def summaries(rewards: dict[int, float], n_steps: int):
@@ -30,3 +34,20 @@ def test_too_few_evaluations_or_a_bad_tail_is_a_clear_error():
         heldout_rise(summaries({0: 0.1, 5: 0.2, 9: 0.3}, 10))
     with pytest.raises(ValueError, match="tail must be at least 1"):
         heldout_rise(summaries({0: 0.1}, 1), tail=0)
+
+
+def test_the_h200_strict_arm_rises_past_its_noise_with_no_mismatch():
+    """Issue 17's criteria on the committed store: 300 steps of the strict path, 0 mismatching tokens over
+    >= 10 M compared, and the held-out reward's rise larger than its evaluation-to-evaluation noise."""
+    with RunStore.open(LEARNING / "strict", readonly=True) as store:
+        steps, cfg, versions = store.steps(), store.config(), store.versions()
+    assert (cfg["path"], cfg["runner"]) == ("strict", "ray"), (cfg.get("path"), cfg.get("runner"))
+    assert versions[0].checksum == "d05deb5a0593950e", versions[0]  # the warm start's weights
+    compared = sum(s.compared_tokens for s in steps)
+    mismatches = [(s.step, s.mismatch_count, s.max_abs_diff) for s in steps if s.mismatch_count]
+    assert [s.step for s in steps] == list(range(300)), f"{len(steps)} steps stored"
+    assert not mismatches and compared >= 10_000_000, (mismatches[:5], compared)
+    rise = heldout_rise(steps, n_prompts=cfg["heldout_prompts"])
+    print(rise.summary())
+    assert rise.start == pytest.approx(0.5390625), rise.summary()  # the warm start's held-out reward
+    assert rise.rise > rise.noise > 0, rise.summary()

@@ -1,14 +1,17 @@
 """The committed H200 stores replayed in the dashboard, in Debian Chromium, as a user opens them.
 
 `rlkit dashboard STRICT NATIVE` over copies of lab/runs/h200-validation-2026-11-29 (the 200-step strict
-validation and the native run beside it, stopped after 6 steps, written before runs stored their state):
+validation and the native run beside it, stopped after 6 steps, written before runs stored their state),
+and `rlkit dashboard STRICT` over a copy of issue 17's strict learning arm (lab/runs/h200-learning-2026-12-03:
+300 steps under Ray from the warm start, per-token records of one step in 16):
 - each run's status says what it is: the strict run finished, the native one is not running and its store
   does not say why (never "so far", as if it were live);
 - the charts overlay both runs, every stored step of each;
 - the drill-down opens on a step that has per-token records (step 198: the copy keeps every second step),
   with its heatmap and 0 differing tokens, and a step without them says why;
+- the learning arm's held-out reward is charted at its 30 evaluations;
 - no traceback in the dashboard's log and no JS error on the page (the `page` fixture).
-The learning arms of issue 17 get the same test when their stores are committed.
+The native learning arm joins its strict arm here when its store is committed.
 """
 
 from __future__ import annotations
@@ -22,18 +25,28 @@ from tests.dashboards.conftest import TOKEN, serve_finished_runs
 
 pytestmark = pytest.mark.browser
 
-STORES = REPO / "lab" / "runs" / "h200-validation-2026-11-29"
+RUNS = REPO / "lab" / "runs"
+
+
+def serve_copies(tmp_path, stores, names):
+    """The committed runs STORES/NAMES, copied (reading leaves nothing beside the committed files), served
+    by `rlkit dashboard`; stopped after the page (requested after the fixture) is closed."""
+    dirs = []
+    for name in names:
+        shutil.copytree(stores / name, tmp_path / name)
+        dirs.append(tmp_path / name)
+    return serve_finished_runs(dirs, tmp_path / "dashboard.log")
 
 
 @pytest.fixture
 def replay(tmp_path):
-    """Both committed runs, copied (reading leaves nothing beside the committed files), served by
-    `rlkit dashboard`; stopped after the page (requested after this fixture) is closed."""
-    dirs = []
-    for name in ("strict", "native"):
-        shutil.copytree(STORES / name, tmp_path / name)
-        dirs.append(tmp_path / name)
-    with serve_finished_runs(dirs, tmp_path / "dashboard.log") as base:
+    with serve_copies(tmp_path, RUNS / "h200-validation-2026-11-29", ("strict", "native")) as base:
+        yield base
+
+
+@pytest.fixture
+def learning_replay(tmp_path):
+    with serve_copies(tmp_path, RUNS / "h200-learning-2026-12-03", ("strict",)) as base:
         yield base
 
 
@@ -57,3 +70,25 @@ def test_the_committed_h200_runs_replay_as_what_they_are(replay, page):
     page.locator("select").nth(1).select_option("199")
     page.get_by_text("no per-token records for this step (this copy of the run keeps those of one step "
                      "in 2)").first.wait_for()
+
+
+def test_the_committed_learning_arm_replays_with_its_held_out_curve(learning_replay, page):
+    page.goto(f"{learning_replay}/?token={TOKEN}")
+    page.get_by_text("strict: steps 0–299 (finished)").first.wait_for()
+    assert page.get_by_text("so far").count() == 0, "a finished run reads as live"
+
+    chart = page.locator(".js-plotly-plot").first
+    points = chart.evaluate("gd => gd.data.map(t => [t.x.length, Array.from(t.y).filter(v => v === v && v !== null)"
+                            ".length])")  # (steps, finite values) per metric; v === v leaves out NaN
+    assert all(n == 300 for n, _ in points), f"the first chart's traces (steps, finite values): {points}"
+    assert [300, 30] in points, f"no trace with the 30 held-out evaluations: {points}"
+
+    # every step has 0 mismatching tokens, so the drill-down opens on the latest step with per-token records
+    page.get_by_text("strict step 288: 256 samples × 160 positions, 0 tokens differ").first.wait_for()
+    heatmap = page.locator(".js-plotly-plot").nth(2)
+    assert heatmap.evaluate("gd => gd.data[0].type") == "heatmap"
+    assert heatmap.evaluate("gd => gd.data[0].z.length") == 256
+
+    page.locator("select").nth(1).select_option("289")
+    page.get_by_text("no per-token records for this step (this copy of the run keeps those of one step "
+                     "in 16)").first.wait_for()

@@ -12,6 +12,7 @@ import pytest
 
 from rlkit.dashboards.access import (AccessError, TokenRefused, check_serve_policy, check_token, is_loopback,
                                      session_token, token_matches)
+from rlkit.dashboards.figures import HeatmapChart
 from rlkit.dashboards.state import (EQUAL_Z, MAX_Z, MIN_Z, DashboardState, RunState, TokenText, diff_z,
                                     initial_paths, run_labels)
 from rlkit.timeline import RunStore, StoreError, Timeline
@@ -308,12 +309,17 @@ def test_replays_the_run_brought_back_from_the_h200(tmp_path):
     assert list(run.steps["mismatch_count"]) == [s.mismatch_count for s in summaries]
     # it opens on a step with per-token data (the most mismatching; all 0 here: the latest such step)
     assert state.step == 198 and summaries[-1].step == 199
+    chart = HeatmapChart()
     state.select_step(199)
     assert state.heatmap.shape[0] == 0 and "one step in 2" in state.heatmap.note
+    chart.update(state.heatmap, run.label)
+    assert chart.fig.layout.xaxis.showticklabels is False  # no position labels over an empty grid
     state.select_step(198)
     hm, kept = state.heatmap, run.records[run.records["step"] == 198]
     assert hm.note == "" and hm.shape == (len(kept), int(kept["n_tokens"].max())) == (16, 512)
     assert int(hm.mismatch.sum()) == summaries[198].mismatch_count == 0
+    chart.update(hm, run.label)
+    assert chart.fig.layout.xaxis.showticklabels is True and chart.fig.layout.xaxis.dtick is None
     state.close()
 
 

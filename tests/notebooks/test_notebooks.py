@@ -32,7 +32,7 @@ AT_ONCE = 2
 
 def test_the_notebooks_are_there():
     assert [p.name for p in ALL] == ["01_quickstart.ipynb", "02_strict_vs_native.ipynb", "03_token_heatmaps.ipynb",
-                                     "04_live_monitoring.ipynb", "06_import.ipynb"]
+                                     "04_live_monitoring.ipynb", "05_learning.ipynb", "06_import.ipynb"]
 
 
 @pytest.mark.parametrize("path", ALL, ids=[p.stem for p in ALL])
