@@ -38,6 +38,18 @@ def serve_copies(tmp_path, stores, names):
     return serve_finished_runs(dirs, tmp_path / "dashboard.log")
 
 
+def drill_down_opens_on(page, step, samples, positions, bare_step, kept_every):
+    """The strict run's drill-down opens on `step` (0 tokens differ) with its samples x positions heatmap,
+    and `bare_step`, which kept no per-token records, says why."""
+    page.get_by_text(f"strict step {step}: {samples} samples × {positions} positions, 0 tokens differ").first.wait_for()
+    heatmap = page.locator(".js-plotly-plot").nth(2)
+    assert heatmap.evaluate("gd => gd.data[0].type") == "heatmap"
+    assert heatmap.evaluate("gd => gd.data[0].z.length") == samples
+    page.locator("select").nth(1).select_option(str(bare_step))
+    page.get_by_text("no per-token records for this step (this copy of the run keeps those of one step "
+                     f"in {kept_every})").first.wait_for()
+
+
 @pytest.fixture
 def replay(tmp_path):
     with serve_copies(tmp_path, RUNS / "h200-validation-2026-11-29", ("strict", "native")) as base:
@@ -62,14 +74,7 @@ def test_the_committed_h200_runs_replay_as_what_they_are(replay, page):
     lengths = sorted(n for _, n in traces)
     assert 200 in lengths and 6 in lengths, f"the first chart's traces (name, points): {traces}"
 
-    page.get_by_text("strict step 198: 16 samples × 512 positions, 0 tokens differ").first.wait_for()
-    heatmap = page.locator(".js-plotly-plot").nth(2)
-    assert heatmap.evaluate("gd => gd.data[0].type") == "heatmap"
-    assert heatmap.evaluate("gd => gd.data[0].z.length") == 16
-
-    page.locator("select").nth(1).select_option("199")
-    page.get_by_text("no per-token records for this step (this copy of the run keeps those of one step "
-                     "in 2)").first.wait_for()
+    drill_down_opens_on(page, step=198, samples=16, positions=512, bare_step=199, kept_every=2)
 
 
 def test_the_committed_learning_arm_replays_with_its_held_out_curve(learning_replay, page):
@@ -84,11 +89,4 @@ def test_the_committed_learning_arm_replays_with_its_held_out_curve(learning_rep
     assert [300, 30] in points, f"no trace with the 30 held-out evaluations: {points}"
 
     # every step has 0 mismatching tokens, so the drill-down opens on the latest step with per-token records
-    page.get_by_text("strict step 288: 256 samples × 160 positions, 0 tokens differ").first.wait_for()
-    heatmap = page.locator(".js-plotly-plot").nth(2)
-    assert heatmap.evaluate("gd => gd.data[0].type") == "heatmap"
-    assert heatmap.evaluate("gd => gd.data[0].z.length") == 256
-
-    page.locator("select").nth(1).select_option("289")
-    page.get_by_text("no per-token records for this step (this copy of the run keeps those of one step "
-                     "in 16)").first.wait_for()
+    drill_down_opens_on(page, step=288, samples=256, positions=160, bare_step=289, kept_every=16)
