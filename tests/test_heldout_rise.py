@@ -1,5 +1,6 @@
 """The held-out rise against the run's own noise (rlkit.heldout.heldout_rise), on hand-made summaries and on
-the committed H200 strict learning arm (issue 17's criteria)."""
+the committed H200 learning arms (issue 17's criteria for the strict arm; the native arm beside it: the same
+start, seeds and prompts, its kernels' mismatch at every step)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,28 @@ def test_the_h200_strict_arm_rises_past_its_noise_with_no_mismatch():
     print(rise.summary())
     assert rise.start == pytest.approx(0.5390625), rise.summary()  # the warm start's held-out reward
     assert rise.rise > rise.noise > 0, rise.summary()
+
+
+def test_the_h200_native_arm_is_the_strict_arm_but_for_its_kernels_and_mismatches_at_every_step():
+    """The control: the native arm's config is the strict arm's but for `path`, it starts from the same weights
+    and held-out reward, its steps draw the same prompts, and every step ran the native kernels and
+    mismatched; its K3 KL stayed small over the 300 steps (no blow-up of the rollout-correction KL)."""
+    with RunStore.open(LEARNING / "strict", readonly=True) as store:
+        strict_cfg, strict_prompts = store.config(), [sorted(r.prompt_id for r in store.records(s)) for s in (0, 288)]
+    with RunStore.open(LEARNING / "native", readonly=True) as store:
+        steps, cfg, versions = store.steps(), store.config(), store.versions()
+        prompts = [sorted(r.prompt_id for r in store.records(s)) for s in (0, 288)]
+    differs = {k: (strict_cfg.get(k), cfg.get(k)) for k in set(cfg) | set(strict_cfg) if cfg.get(k) != strict_cfg.get(k)}
+    assert differs == {"path": ("strict", "native")}, differs
+    assert versions[0].checksum == "d05deb5a0593950e", versions[0]
+    assert [s.step for s in steps] == list(range(300)), f"{len(steps)} steps stored"
+    assert prompts == strict_prompts and len(prompts[0]) == 256, "the arms drew other prompts"
+    not_native = [(s.step, s.ops_paths) for s in steps if set(s.ops_paths.values()) != {"native"}]
+    assert not not_native, not_native[:3]
+    exact = [s.step for s in steps if not s.mismatch_count]
+    assert not exact, f"steps with no mismatching token: {exact[:10]}"
+    assert sum(s.compared_tokens for s in steps) >= 10_000_000
+    assert heldout_rise(steps, n_prompts=cfg["heldout_prompts"]).start == pytest.approx(0.5390625)
+    worst = max(steps, key=lambda s: s.k3_kl)
+    print(f"native K3 KL: largest {worst.k3_kl:.3g} at step {worst.step}")
+    assert 0 < worst.k3_kl < 1e-4, (worst.step, worst.k3_kl)
