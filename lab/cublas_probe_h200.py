@@ -55,13 +55,13 @@ DRY_MS = (1, 8, 40, 130)
 
 
 def bits_differ(a, b) -> tuple[int, float]:
-    """(elements whose bits differ, largest |a - b| among them), computed where the tensors are."""
-    import torch
+    """(elements whose bits differ, largest |a - b| among them; rlkit.bitwise.differs), computed where the
+    tensors are (rlkit.bitwise.compare copies to the host: gigabytes at the lm_head's M = 8192)."""
+    from rlkit.bitwise import differs
 
     if a.shape != b.shape or a.dtype != b.dtype:
         return a.numel(), float("inf")
-    width = {2: torch.int16, 4: torch.int32}[a.element_size()]
-    mask = a.view(width) != b.view(width)
+    mask = differs(a, b)
     count = int(mask.sum())
     return count, (float((a.float() - b.float()).abs()[mask].max()) if count else 0.0)
 
@@ -109,9 +109,9 @@ def child(setting: str, out: Path, models, ms, budget_s: float, dry: bool) -> No
                 fn()
                 t.append((time.perf_counter() - t0) * 1e3)
             return sorted(t)[1]
-        import triton.testing
+        from rlkit.bench.kernels import _graph_ms
 
-        return float(triton.testing.do_bench_cudagraph(fn, rep=10, return_mode="median"))
+        return _graph_ms(fn)
 
     def mm_fp32(x, w):  # x @ w.T with fp32 out from bf16 operands (one cuBLAS call; CPU: exact widening)
         return (x.float() @ w.float().t()) if dry else torch.mm(x, w.t(), out_dtype=torch.float32)
@@ -135,8 +135,7 @@ def child(setting: str, out: Path, models, ms, budget_s: float, dry: bool) -> No
         whole = F.linear(x, w)
         strict_whole = gemm.strict(x, w, contract, row_parallel=row_par)
         if row_par:
-            bounds = [(i * k // contract.gemm.k_chunks, (i + 1) * k // contract.gemm.k_chunks)
-                      for i in range(contract.gemm.k_chunks)]
+            bounds = gemm._chunk_bounds(k, gemm.chunk_count(contract, True), contract, True)  # the contract's
 
             def chunked(xs):
                 acc = mm_fp32(xs[:, bounds[0][0]:bounds[0][1]], w[:, bounds[0][0]:bounds[0][1]])
