@@ -19,7 +19,9 @@ ranks gather them in rank order (`rlkit.kernels.collectives.gather`) and `merge`
 merge, so TP 1, 2 and 4 give the same bits.
 
 GPU: the Triton kernels of kernels/gemm_kernels.py run the same contract on tensor cores for CUDA tensors
-(`strict(...)` picks them; `rlkit.ops.linear` calls `strict`). They read `gemm.k_chunks`, `gemm.k_tile`,
+(`strict(...)` picks them; `rlkit.ops.linear` calls `strict`). A one-chain product (chunk count 1: the
+column layers from v3) runs on cuBLAS instead where kernels/gemm_cublas.py admits it: cuBLAS without
+split-K gives the Triton kernel's bits there, checked per shape at first use. They read `gemm.k_chunks`, `gemm.k_tile`,
 `gemm.chunk_merge` and `gpu.fp_fusion`, and cover k_chunks / shards in TREE_CHUNKS (1, 2, 4, 8; unrolled); other
 chunk counts run the reference, which defines the contract. `triton_launch` returns what it launched
 (plan and compiled kernel) to the caller that asks, the benchmarks.
@@ -180,6 +182,7 @@ def native(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = Non
 # The Triton kernels (kernels/gemm_kernels.py) run this contract on tensor cores for CUDA tensors; what
 # follows chooses their launches (none of these choices changes a bit) and calls them.
 from rlkit.kernels import _triton as _tr  # noqa: E402
+from rlkit.kernels import gemm_cublas as _cublas  # noqa: E402
 from rlkit.kernels.gemm_kernels import (TREE_CHUNKS, _gemm_swapped_kernel, _gemm_tiles_kernel,  # noqa: E402
                                         _gemm_tma_flat_kernel, _gemm_tma_kernel)
 
@@ -466,7 +469,12 @@ class _StrictLinear(torch.autograd.Function):
 
 def _forward(x, w, contract, out_dtype, row_parallel):
     if _tr.on_gpu(x, w) and supported(x, w, contract, 1, row_parallel):
-        return triton_partial(x, w, contract, 1, out_dtype or x.dtype, row_parallel=row_parallel)
+        out = out_dtype or x.dtype
+        if chunk_count(contract, row_parallel) == 1:
+            x2 = x.reshape(-1, x.shape[-1])
+            if _cublas.admitted(x2, w, out, contract, lambda a, b: _launch(a, b, 1, contract, out, None)[0]):
+                return _cublas.linear(x2, w, out).reshape(*x.shape[:-1], w.shape[0])
+        return triton_partial(x, w, contract, 1, out, row_parallel=row_parallel)
     return reference(x, w, contract, out_dtype, row_parallel)
 
 

@@ -419,7 +419,7 @@ def triton_logprob(hidden, weight, token_ids, contract, params=None, parallel: b
     out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     step = max(contract.logprob.row_block, GPU_ROW_BLOCK)
     for lo in range(0, hidden.shape[0], step):
-        block = gemm.triton_partial(hidden[lo : lo + step], weight, contract, 1, torch.float32)
+        block = gemm.strict(hidden[lo : lo + step], weight, contract, torch.float32)  # cuBLAS where admitted
         out[lo : lo + step] = _triton_from_checked_logits(block, token_ids[lo : lo + step], contract, params,
                                                           parallel)
     return out

@@ -23,7 +23,12 @@ and native logprobs above 4,096 rows in row chunks (kernels/logprob.py
 not exercised here).
 
 Strict paths call `rlkit.kernels.<op>.strict(...)`: the Triton kernel when the tensors are on CUDA
-(and the contract's parameters are ones the kernel implements), the torch reference otherwise. Each
+(and the contract's parameters are ones the kernel implements), the torch reference otherwise. One
+exception, which moves no bit: a one-chain GEMM (q/k/v, gate/up, the lm_head from contract v3) runs on
+cuBLAS where kernels/gemm_cublas.py admits it (an H200-class GPU, cuBLAS without a workspace in this
+process, the shape checked equal to the Triton kernel at first use); `gemm_route()` says what it decided.
+Importing rlkit.kernels sets CUBLAS_WORKSPACE_CONFIG=:0:0 and CUBLASLT_WORKSPACE_SIZE=0 where unset (the
+native GEMMs of the process then run without split-K too); RLKIT_GEMM_CUBLAS=0 turns all of it off. Each
 `strict` also wraps the kernel in an autograd Function (strict forward, native backward) when a
 gradient is needed; on CUDA RMSNorm, SwiGLU and RoPE take the backward the native path takes (each
 module's `backward`), so the paths differ in their forward only.
@@ -42,6 +47,7 @@ from rlkit.contract import NumericsContract
 from rlkit.kernels import attention as _attention
 from rlkit.kernels import collectives as _collectives
 from rlkit.kernels import gemm as _gemm
+from rlkit.kernels import gemm_cublas as _gemm_cublas
 from rlkit.kernels import logprob as _logprob
 from rlkit.kernels import rms_norm as _rms_norm
 from rlkit.kernels import rope as _rope
@@ -53,7 +59,7 @@ from rlkit.types import AttentionLayout, SamplingParams
 __all__ = [
     "use_contract", "current_contract", "rms_norm", "linear", "swiglu", "rope", "attention",
     "logits", "logprob", "logprob_from_logits", "log_softmax", "process_logits", "all_reduce", "reduce_sum",
-    "AttentionLayout", "SamplingParams", "OpInputError", "native_backend",
+    "AttentionLayout", "SamplingParams", "OpInputError", "native_backend", "gemm_route",
 ]
 
 _ACTIVE: ContextVar[NumericsContract] = ContextVar("rlkit_numerics_contract",
@@ -199,6 +205,13 @@ def native_backend(device: torch.device) -> _native_backends.NativeBackend:
     """The native control on `device`'s kind, by name, with what rlkit's native ops call there and where
     that was exercised (on a ROCm device: `amd-aiter`, not wired in and not exercised)."""
     return _native_backends.native_backend(device)
+
+
+def gemm_route(device: torch.device | str | None = None):
+    """What the strict GEMM's cuBLAS route decided on `device` in this process (kernels/gemm_cublas.py):
+    on or off and why, and every one-chain shape it checked against the Triton kernel. None before the
+    first strict column GEMM there. `print(ops.gemm_route().summary())` in a notebook."""
+    return _gemm_cublas.status(device)
 
 
 def repeatable_backward():

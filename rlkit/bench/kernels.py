@@ -96,13 +96,18 @@ def batch_invariant_ops_matmul():
     return lambda x, w: matmul_persistent(x, w.t())
 
 
-def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False, layers=None) -> None:
-    """Every projection of each model at every M (or the `layers` named): cuBLAS, rlkit strict (the
-    default contract, each layer with its role), rlkit under contract v4 (the previous default: the
-    pairwise tree in the row-parallel layers) and Thinking Machines' batch-invariant matmul, CUDA-graph
-    replay. With `tune`, candidate launch configurations too (each checked bit for bit)."""
+def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False, layers=None,
+               native_only: bool = False, native_at_defaults: dict | None = None) -> None:
+    """Every projection of each model at every M (or the `layers` named): cuBLAS, rlkit strict (what
+    rlkit.ops.linear runs: the cuBLAS route where kernels/gemm_cublas.py admits it, else the Triton
+    kernel), the Triton kernel alone (strict_triton), rlkit under contract v4 (the pairwise tree in the
+    row-parallel layers) and Thinking Machines' batch-invariant matmul, CUDA-graph replay. With `tune`,
+    candidate launch configurations too (each checked bit for bit). `native_only`: cuBLAS alone (the
+    child process `native_times_at_defaults` runs). `native_at_defaults`: (op, shape) -> ms of cuBLAS at
+    torch's defaults; the ratios then use it and this process's cuBLAS is recorded as
+    native_no_workspace."""
     from rlkit import NumericsContract
-    from rlkit.kernels import gemm
+    from rlkit.kernels import gemm, gemm_cublas
 
     c, v4 = NumericsContract.default(), NumericsContract.named("qwen3-dense-strict-v4")
     tm = batch_invariant_ops_matmul()
@@ -117,16 +122,32 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
                 x = _randn(m, k, seed=2)
                 shape = f"{model}.{name} M={m} K={k} N={n}"
                 flops = 2.0 * m * n * k
+                if native_only:
+                    t = _graph_ms(lambda: F.linear(x, w))
+                    rec.add("gemm", "native", shape, "ms", t)
+                    rec.add("gemm", "native", shape, "TFLOP/s", flops / t / 1e9)
+                    continue
                 y, launches = gemm.triton_launch(x, w, c, 1, torch.bfloat16, row_parallel=row_par)
                 compiled.update((ln.kernel, ln) for ln in launches)
+                routed = gemm.strict(x, w, c, torch.bfloat16, row_parallel=row_par)  # eager first: the route's check
+                on_cublas = (not row_par and gemm_cublas.status(x.device) is not None
+                             and gemm_cublas.status(x.device).shapes.get((k, n, "bfloat16", "bfloat16"), "") is None)
+                rec.add("gemm", "strict", shape, "on_cublas", float(on_cublas))
+                rec.add("gemm", "strict", shape, "same_bits_as_triton", float(torch.equal(routed, y)))
                 impls = {
                     "native": lambda: F.linear(x, w),
-                    "strict": lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, row_parallel=row_par),
+                    "strict": lambda: gemm.strict(x, w, c, torch.bfloat16, row_parallel=row_par),
+                    "strict_triton": lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, row_parallel=row_par),
                     "strict_v4": lambda: gemm.triton_partial(x, w, v4, 1, torch.bfloat16, row_parallel=row_par),
                 }
                 if tm is not None:
                     impls["batch_invariant_ops"] = lambda: tm(x, w)
                 times = {impl: _graph_ms(fn) for impl, fn in impls.items()}
+                if native_at_defaults and ("gemm", shape) in native_at_defaults:
+                    times["native_no_workspace"] = times["native"]
+                    times["native"] = native_at_defaults[("gemm", shape)]
+                rec.add("gemm", "native", shape, "at_torch_defaults", float(
+                    "native_no_workspace" in times or gemm_cublas.environment_problem() is not None))
                 for impl, t in times.items():
                     rec.add("gemm", impl, shape, "ms", t)
                     rec.add("gemm", impl, shape, "TFLOP/s", flops / t / 1e9)
@@ -155,6 +176,8 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
                         rec.add("gemm", f"cfg{i}", shape, "same_bits", float(same))
                 del x
             del w
+    if native_only:
+        return
     tiny_x, tiny_w = _randn(1, 256, seed=20), _randn(64, 256, seed=21)
     rec.add("gemm", "strict", "launch floor M=1 K=256 N=64", "ms",
             _bench(lambda: gemm.triton_partial(tiny_x, tiny_w, c, 1, torch.bfloat16)))
@@ -319,7 +342,10 @@ def bench_attention_backward(rec: Recorder, shapes=ATTENTION_BACKWARD_SHAPES) ->
 
 
 # -- logprob and the row-wise ops ---------------------------------------------------------------------
-def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096)) -> None:
+def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096), native_only: bool = False,
+                  native_at_defaults: dict | None = None) -> None:
+    """Strict logprob (lm_head GEMM + the contract's LSE) against torch.mm + log_softmax; the native
+    time from `native_at_defaults` where given (see bench_gemm)."""
     from rlkit import NumericsContract
     from rlkit.kernels import logprob
 
@@ -329,7 +355,14 @@ def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096)) -> None:
     for m in ms:
         h = _randn(m, k, seed=10)
         ids = torch.randint(0, n, (m,), device="cuda")
+        shape = f"lm_head M={m} K={k} V={n}"
         t_nat = _bench(lambda: torch.log_softmax(F.linear(h, w).float(), -1).gather(-1, ids[:, None]))
+        if native_only:
+            rec.add("logprob", "native_mm_log_softmax", shape, "ms", t_nat)
+            continue
+        if native_at_defaults and ("logprob", shape) in native_at_defaults:
+            rec.add("logprob", "native_no_workspace", shape, "ms", t_nat)
+            t_nat = native_at_defaults[("logprob", shape)]
         t_str = _bench(lambda: logprob.triton_logprob(h, w, ids, c))
         # the chunk-parallel form (logprob.PARALLEL_CHUNKS decides whether plans take it), its bits checked
         other = not logprob.chunks_in_parallel(m, h.device)
@@ -337,7 +370,6 @@ def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096)) -> None:
         t_other = _bench(lambda: logprob.triton_logprob(h, w, ids, c, parallel=other))
         # rlkit's own native path checks the ids as strict does (one device sync a call): like for like
         t_rlkit_nat = _bench(lambda: logprob.native(h, w, ids, c))
-        shape = f"lm_head M={m} K={k} V={n}"
         rec.add("logprob", "native_mm_log_softmax", shape, "ms", t_nat)
         rec.add("logprob", "native_rlkit", shape, "ms", t_rlkit_nat)
         rec.add("logprob", "strict", shape, "ratio_vs_native_rlkit", t_rlkit_nat / t_str)
@@ -596,18 +628,51 @@ def render(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def native_times_at_defaults(out: Path, quick: bool, parts) -> dict | None:
+    """(op, shape) -> ms of the native GEMM and logprob rows, timed in a child process at torch's cuBLAS
+    defaults (RLKIT_GEMM_CUBLAS=0: rlkit leaves the workspace as torch sets it). Needed where this
+    process runs cuBLAS without a workspace for the strict route (kernels/gemm_cublas.py): the native
+    control a user would run keeps split-K. None where this process is at the defaults already or the
+    child failed (the ratios then use this process's cuBLAS, and say so in the rows' impl)."""
+    import subprocess
+    import sys
+
+    from rlkit.kernels import gemm_cublas
+
+    wanted = [p for p in parts if p in ("gemm", "logprob")]
+    if not wanted or gemm_cublas.environment_problem() is not None:
+        return None
+    env = {k: v for k, v in os.environ.items() if k not in gemm_cublas.NO_WORKSPACE}
+    env[gemm_cublas.SWITCH] = "0"
+    child_out = out / "native_at_defaults"
+    cmd = [sys.executable, "-m", "rlkit.bench.kernels", "--out", str(child_out), "--native-only",
+           "--parts", ",".join(wanted)] + (["--quick"] if quick else [])
+    rc = subprocess.run(cmd, env=env).returncode
+    path = child_out / "bench.jsonl"
+    if rc or not path.is_file():
+        print(f"bench: the native run at torch's defaults ended with status {rc}; ratios use this "
+              f"process's cuBLAS (no workspace)", flush=True)
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {(r["op"], r["shape"]): r["median"] for r in rows
+            if r["metric"] == "ms" and r["impl"] in ("native", "native_mm_log_softmax")}
+
+
 def run(out_dir: str | Path, quick: bool = False, tune: bool = False, parts=("gemm", "attention", "logprob",
-        "rowwise", "engine"), gemm_layers=None, gemm_ms=None) -> list[dict]:
+        "rowwise", "engine"), gemm_layers=None, gemm_ms=None, native_only: bool = False) -> list[dict]:
     """Run the benchmarks, write bench.jsonl / bench.csv / BENCHMARKS.md under out_dir, return the rows.
-    `gemm_layers` / `gemm_ms`: only those projections (qkv, o, gate_up, down, lm_head) / token counts."""
+    `gemm_layers` / `gemm_ms`: only those projections (qkv, o, gate_up, down, lm_head) / token counts.
+    `native_only`: the native GEMM and logprob rows alone (what `native_times_at_defaults` asks for)."""
     out = Path(out_dir)
     rec = Recorder(torch.cuda.get_device_name(), commit())
     started = time.time()
+    at_defaults = None if native_only else native_times_at_defaults(out, quick, parts)
     steps = {
         "gemm": lambda: bench_gemm(rec, ms=gemm_ms or ((1, 64, 1024) if quick else GEMM_M), tune=tune,
-                                   layers=gemm_layers),
+                                   layers=gemm_layers, native_only=native_only, native_at_defaults=at_defaults),
         "attention": lambda: bench_attention(rec, seqlens=(1024,) if quick else (1024, 4096, 16384), tune=tune),
-        "logprob": lambda: bench_logprob(rec, ms=(1, 1024) if quick else (1, 64, 1024, 4096)),
+        "logprob": lambda: bench_logprob(rec, ms=(1, 1024) if quick else (1, 64, 1024, 4096),
+                                         native_only=native_only, native_at_defaults=at_defaults),
         "attention_backward": lambda: bench_attention_backward(rec),
         "rowwise": lambda: bench_rowwise(rec),
         "engine": lambda: bench_engine_steps(rec, steps=ENGINE_STEPS[:1] if quick else ENGINE_STEPS),
@@ -632,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few sizes only")
     ap.add_argument("--tune", action="store_true", help="also time candidate GEMM launch configurations")
     ap.add_argument("--parts", default="gemm,attention,logprob,rowwise,engine")
+    ap.add_argument("--native-only", action="store_true",
+                    help="the native GEMM and logprob rows alone (run at torch's defaults for the ratios)")
     ap.add_argument("--markdown", default=None, help="also copy the rendered tables to this path")
     ap.add_argument("--render", nargs="+", metavar="ROWS.jsonl",
                     help="no GPU: render --markdown from these row files (committed runs), in order")
@@ -652,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("rlkit bench kernels needs a CUDA device")
         return 2
-    rows = run(a.out, quick=a.quick, tune=a.tune, parts=tuple(a.parts.split(",")))
+    rows = run(a.out, quick=a.quick, tune=a.tune, parts=tuple(a.parts.split(",")), native_only=a.native_only)
     if a.markdown:  # the compile report (rlkit.bench.compile_targets) in the same file stays
         from rlkit.bench.compile_targets import keep_compile_report
 
