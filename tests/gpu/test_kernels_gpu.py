@@ -211,6 +211,21 @@ def test_gemm_native_control_differs():
 
 
 # -- logprob ------------------------------------------------------------------------------------------
+def test_logprob_out_of_range_id_is_a_clear_error_not_a_device_fault():
+    """The fused path checks the ids' range after queuing its work (no sync before the GEMM): a bad id
+    still raises OpInputError, and the device stays usable after it."""
+    from rlkit.kernels.errors import OpInputError
+
+    h, w = randn(4, 1024, seed=30), randn(5000, 1024, scale=0.02, seed=31)
+    for bad in ([0, 1, 5000, 2], [0, -1, 3, 2]):
+        with pytest.raises(OpInputError, match="token ids must lie in"):
+            logprob.triton_logprob(h, w, torch.tensor(bad, device=DEV), C)
+    good = torch.tensor([0, 1, 4999, 2], device=DEV)
+    assert_bitwise_equal(logprob.triton_logprob(h, w, good, C),
+                         logprob.triton_from_logits(gemm.triton_partial(h, w, C, 1, torch.float32), good, C),
+                         "after the errors")
+
+
 def test_logprob_close_fused_equals_engine_path_and_rows_invariant():
     h, w = randn(700, 1024, seed=13), randn(151_936, 1024, scale=0.02, seed=14)
     ids = torch.randint(0, 151_936, (700,), device=DEV)
