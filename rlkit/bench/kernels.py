@@ -444,7 +444,8 @@ def bench_engine_step(rec: Recorder, batch: int = 64, ctx: int = 512, model_name
         vv.normal_(generator=gen)
     tables = [list(range(i * per, (i + 1) * per)) for i in range(batch)]
     ids = torch.randint(0, cfg.vocab_size, (batch,), generator=gen, device="cuda").tolist()
-    args = (ids, [ctx] * batch, [t[ctx // page] * page + ctx % page for t in tables], [ctx + 1] * batch, tables)
+    args = (ids, [ctx] * batch, [t[ctx // page] * page + ctx % page for t in tables], [ctx + 1] * batch, tables,
+            [per * page] * batch)  # limits: every row may run to its last page
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     kv_bytes = 2.0 * batch * (ctx + 1) * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
     shape = f"{model_name} decode step B={batch} ctx={ctx}"
