@@ -48,25 +48,6 @@ def check_ids(token_ids: torch.Tensor, rows: int, vocab: int, device, in_range: 
             raise OpInputError(OP, f"token ids must lie in [0, {vocab}); got ids from {lo} to {hi}")
 
 
-def deferred_range_check(token_ids: torch.Tensor, vocab: int):
-    """The [0, vocab) check of `check_ids` without stalling a GPU: the ids' min and max are queued now
-    and read by the returned `finish()` once the caller has queued its work (a sync at the end instead
-    of a bubble before the GEMM); meanwhile the kernels read the ids clamped into range, so a bad id
-    never reads outside the logits. Returns (ids to compute with, finish); finish raises the same
-    OpInputError check_ids would. Every in-range id is its own clamp: no bit moves."""
-    if not token_ids.numel():
-        return token_ids, lambda: None
-    bounds = torch.aminmax(token_ids)
-    safe = token_ids.clamp(0, vocab - 1)
-
-    def finish() -> None:
-        lo, hi = int(bounds.min), int(bounds.max)
-        if lo < 0 or hi >= vocab:
-            raise OpInputError(OP, f"token ids must lie in [0, {vocab}); got ids from {lo} to {hi}")
-
-    return safe, finish
-
-
 def lse(logits: torch.Tensor, contract: NumericsContract) -> torch.Tensor:
     """Strict log-sum-exp over the last dim of fp32 logits ([rows, vocab] -> [rows])."""
     chunk = contract.logprob.vocab_chunk
@@ -434,14 +415,13 @@ def chunks_in_parallel(rows: int, device: torch.device) -> bool:
 
 def triton_logprob(hidden, weight, token_ids, contract, params=None, parallel: bool | None = None):
     _check(hidden, weight)
-    check_ids(token_ids, hidden.shape[0], weight.shape[0], hidden.device, in_range=True)  # shape, dtype, device
-    ids, finish = deferred_range_check(token_ids, weight.shape[0])  # the range: read after the work is queued
+    check_ids(token_ids, hidden.shape[0], weight.shape[0], hidden.device)
     out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     step = max(contract.logprob.row_block, GPU_ROW_BLOCK)
     for lo in range(0, hidden.shape[0], step):
         block = gemm.strict(hidden[lo : lo + step], weight, contract, torch.float32)  # cuBLAS where admitted
-        out[lo : lo + step] = _triton_from_checked_logits(block, ids[lo : lo + step], contract, params, parallel)
-    finish()
+        out[lo : lo + step] = _triton_from_checked_logits(block, token_ids[lo : lo + step], contract, params,
+                                                          parallel)
     return out
 
 

@@ -169,18 +169,3 @@ def test_ids_in_range_skips_only_the_range_check(path):
         with pytest.raises(OpInputError, match=r"token_ids has shape"):
             ops.logprob_from_logits(logits, ids[:3], ids_in_range=True)
 
-
-def test_the_deferred_id_check_raises_after_the_work_and_moves_no_in_range_id():
-    """kernels/logprob.py `deferred_range_check` (the GPU path's: no sync before the GEMM): in-range ids
-    come back as they are; a bad one is clamped for the kernels and the check raises afterwards."""
-    ids = torch.tensor([0, 5, 99])
-    safe, finish = logprob.deferred_range_check(ids, 100)
-    assert torch.equal(safe, ids)
-    finish()
-    for bad in (torch.tensor([0, 100]), torch.tensor([-1, 3])):
-        safe, finish = logprob.deferred_range_check(bad, 100)
-        assert int(safe.min()) >= 0 and int(safe.max()) <= 99
-        with pytest.raises(OpInputError, match=r"token ids must lie in \[0, 100\)"):
-            finish()
-    empty, finish = logprob.deferred_range_check(torch.empty(0, dtype=torch.int64), 100)
-    finish()
