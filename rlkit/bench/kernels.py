@@ -503,7 +503,9 @@ def _render_gemm(rows: list[dict]) -> list[str]:
                 + (" · strict / batch_invariant_ops" if vs_tm else ""), "",
                 f"Lowest vs cuBLAS: {min(ratios):.2f} (target >= 0.90)"
                 + (f"; lowest vs batch_invariant_ops: {min(vs_tm):.2f} (target >= 1.0)" if vs_tm else "")
-                + ". o and down are row-parallel (4 K chunks, merged as the contract says: in order under v5), the rest one chain over K.", "",
+                + ". o and down are row-parallel (4 K chunks, merged as the contract says: in order under v5; the Triton "
+                "kernel), the rest one chain over K (on cuBLAS without split-K where the route admits the shape: the "
+                "Triton kernel's bits, checked; kernels/gemm_cublas.py). cuBLAS is timed at torch's defaults.", "",
                 "| M | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         for m in ms:
             line = []
@@ -586,7 +588,7 @@ def render(rows: list[dict]) -> str:
             ops.append(r["op"])
     commits = (f"Commit: {rows[0]['commit']}" if len(by_commit) == 1 else
                "Commits: " + "; ".join(f"{c} ({', '.join(ops)})" for c, ops in by_commit.items()))
-    out = ["# Benchmarks: strict Triton kernels vs native", "",
+    out = ["# Benchmarks: strict kernels vs native", "",
            f"Device: {dev}. {commits}. Ratio = native time / strict time (>= 0.9 is the target; "
            "higher is faster). Rendered by `rlkit.bench.kernels.render` from bench.jsonl.", ""]
     out += _render_rl_step(rows)
@@ -608,7 +610,7 @@ def render(rows: list[dict]) -> str:
             want = ("native_paged" if r["metric"] == "ratio_vs_native_paged"
                     else r["impl"] if r["impl"] != "strict" else None)
             ms_n = next((x["median"] for x in rows if x["op"] == op and x["shape"] == r["shape"]
-                         and x["metric"] == "ms" and x["impl"] != "strict"
+                         and x["metric"] == "ms" and x["impl"] not in ("strict", "native_no_workspace")
                          and (x["impl"] == want or (want is None and x["impl"] != "native_paged"))), None)
             fmt = lambda v: f"{v:.3f}" if v is not None else "-"  # noqa: E731
             out.append(f"| {r['shape']} | {r['impl']} | {r['metric']} | {r['median']:.3f} | {fmt(ms_s)} | {fmt(ms_n)} |")
