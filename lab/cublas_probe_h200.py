@@ -20,7 +20,8 @@ For the Qwen3-8B, 1.7B and 0.6B projection shapes (rlkit.bench.kernels.gemm_shap
 - tp2 / tp4 (column layers): cuBLAS(x[:M], w's first and last N/t rows) against those columns of the whole;
 - strict: cuBLAS(x[:M]) against rlkit's strict kernel (the default contract) on the same rows;
 - row-parallel layers (o, down): the contract's K chunks on cuBLAS with fp32 out (`torch.mm(out_dtype=)`),
-  added in chunk order, rounded once ("chunked"): the same rows / strict counts;
+  added in chunk order, rounded once ("chunked"), and the same with each chunk's add in cuBLAS's epilogue
+  (`torch.addmm(running sum, ..., out_dtype=float32)`, beta = 1: "chained"): the same rows / strict counts;
 - the time of each (CUDA-graph replay, median ms) and the cuBLAS kernels' names (split-K shows in them).
 
     python3 -m pip install -q --no-deps --no-build-isolation -e .    # once per fresh machine, offline
@@ -116,6 +117,9 @@ def child(setting: str, out: Path, models, ms, budget_s: float, dry: bool) -> No
     def mm_fp32(x, w):  # x @ w.T with fp32 out from bf16 operands (one cuBLAS call; CPU: exact widening)
         return (x.float() @ w.float().t()) if dry else torch.mm(x, w.t(), out_dtype=torch.float32)
 
+    def addmm_fp32(acc, x, w):  # acc + x @ w.T, the add in cuBLAS's epilogue (beta = 1, fp32 C)
+        return (acc + x.float() @ w.float().t()) if dry else torch.addmm(acc, x, w.t(), out_dtype=torch.float32)
+
     def randn(*shape, scale=1.0, seed=0):
         g = torch.Generator(device=device).manual_seed(seed)
         return (torch.randn(*shape, generator=g, device=device) * scale).to(torch.bfloat16)
@@ -143,6 +147,19 @@ def child(setting: str, out: Path, models, ms, budget_s: float, dry: bool) -> No
                     acc = acc + mm_fp32(xs[:, lo:hi], w[:, lo:hi])
                 return acc.to(torch.bfloat16)
 
+            def chained(xs):  # the running sum as each chunk's C: one fp32 read + write per chunk, no add kernel
+                acc = mm_fp32(xs[:, bounds[0][0]:bounds[0][1]], w[:, bounds[0][0]:bounds[0][1]])
+                for lo, hi in bounds[1:]:
+                    acc = addmm_fp32(acc, xs[:, lo:hi], w[:, lo:hi])
+                return acc.to(torch.bfloat16)
+
+            try:
+                chained_whole = chained(x)
+            except Exception as exc:  # noqa: BLE001 - no fp32-out addmm in this torch: a row says so
+                print(f"{setting}: {label}: the chained route failed ({type(exc).__name__}: {str(exc)[:160]})",
+                      flush=True)
+                add(f"chained failed: {type(exc).__name__}", label, "seen", 1.0)
+                chained_whole = None
             try:
                 chunked_whole = chunked(x)
             except Exception as exc:  # noqa: BLE001 - e.g. no fp32-out mm in this torch: the route is a row
@@ -177,6 +194,13 @@ def child(setting: str, out: Path, models, ms, budget_s: float, dry: bool) -> No
                 add("chunked", shape, "strict_differing", count)
                 add("chunked", shape, "strict_max_abs_diff", delta)
                 add("chunked", shape, "ms", timed(lambda: chunked(xm)))
+            if row_par and chained_whole is not None:
+                yc = chained(xm)
+                add("chained", shape, "rows_differing", bits_differ(yc, chained_whole[:m])[0])
+                count, delta = bits_differ(yc, strict_whole[:m])
+                add("chained", shape, "strict_differing", count)
+                add("chained", shape, "strict_max_abs_diff", delta)
+                add("chained", shape, "ms", timed(lambda: chained(xm)))
             print(f"{setting}: {shape} " + " ".join(f"{r['metric']}={r['median']:.4g}" for r in rows[-6:]
                                                    if r["shape"] == shape and r["impl"].startswith("cublas@")),
                   flush=True)
@@ -195,7 +219,7 @@ def table(rows: list[dict]) -> str:
              "| rows differing (max) | tp differing (max) | strict differing (max) | default cuBLAS time / this "
              "(median, range) |", "|---|---|---|---|---|---|---|---|"]
     for setting in SETTINGS:
-        for impl in ("cublas", "chunked", "strict"):
+        for impl in ("cublas", "chunked", "chained", "strict"):
             cells = {shape: v for (s, i, shape), v in by.items() if s == setting and i == impl}
             if not cells:
                 continue

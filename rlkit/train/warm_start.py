@@ -19,7 +19,10 @@ band this way). On a GPU, `tf32` lets the fp32 GEMMs of the forward and backward
 nothing else in the process, the evaluator included, runs under it); bf16 autocast is no option here, as
 rlkit's ops refuse operands of mixed dtypes. `repeatable` runs each step (forward, backward, optimizer)
 under torch's deterministic algorithms (rlkit.ops.repeatable_backward; on CUDA it sets CUBLAS_WORKSPACE_CONFIG
-when unset, which torch's check reads at every cuBLAS call): SDPA's memory-efficient backward then sums
+when unset, which torch's check reads at every cuBLAS call; importing rlkit.kernels has usually set it to
+:0:0 already, no workspace, which torch 2.11 accepts there: measured on the H200, 2026-12-03 — the
+warm start's GEMMs then run without split-K, so its bits are those of that setting; the committed
+learning runs' warm start was built before, at torch's defaults, RLKIT_GEMM_CUBLAS=0): SDPA's memory-efficient backward then sums
 its key splits in one program and the embedding's and the gather's gradients add in a fixed order, so the
 same seed and steps give the same weights bit for bit.
 

@@ -35,6 +35,7 @@ def test_the_dry_run_writes_every_check_of_every_shape_and_m_for_each_setting(tm
             for metric in ("rows_differing", "strict_differing", "ms"):  # the row-parallel layer's routes
                 assert (f"cublas@{setting}", "tiny.o", m, metric) in seen, (setting, m, metric)
                 assert (f"chunked@{setting}", "tiny.o", m, metric) in seen, (setting, m, metric)
+                assert (f"chained@{setting}", "tiny.o", m, metric) in seen, (setting, m, metric)
             assert (f"strict@{setting}", "tiny.a", m, "ms") in seen
     assert not any(r["metric"].startswith("tp") for r in rows if r["shape"].startswith("tiny.o")), \
         "a row-parallel layer has no column shards"
