@@ -102,3 +102,18 @@ def test_a_shape_measured_at_two_commits_keeps_both_measurements():
     text = render(rows)
     assert "| validation | alternating | **strict/native** | 1.02 | - | - | - | 1 pairs, 1.02-1.02 |  | aaa1111 |" in text
     assert "| validation | alternating | **strict/native** | 1.00 | - | - | - | 1 pairs, 1.00-1.00 |  | bbb2222 |" in text
+
+
+def test_the_native_baseline_at_torchs_defaults_is_only_sought_where_the_route_changed_them(monkeypatch, tmp_path):
+    """rlkit.bench.kernels.native_times_at_defaults: with RLKIT_GEMM_CUBLAS=0 (this process keeps torch's
+    cuBLAS defaults) or no GEMM/logprob part, no child process runs and the in-process native is the
+    baseline; the table says which cuBLAS the ratios are against."""
+    from rlkit.bench.kernels import native_times_at_defaults
+
+    monkeypatch.setenv("RLKIT_GEMM_CUBLAS", "0")
+    assert native_times_at_defaults(tmp_path, quick=True, parts=("gemm", "logprob")) is None
+    monkeypatch.setenv("RLKIT_GEMM_CUBLAS", "1")
+    assert native_times_at_defaults(tmp_path, quick=True, parts=("attention", "rowwise")) is None
+    assert not (tmp_path / "native_at_defaults").exists()
+    gemm = [_row("gemm", "strict", "qwen3-8b.qkv M=1 K=4096 N=6144", "ratio_vs_native", 0.98)]
+    assert "cuBLAS is timed at torch's defaults" in render(gemm)
