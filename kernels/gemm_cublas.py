@@ -23,7 +23,8 @@ What guards it (`admitted`; any "no" runs the Triton kernel, which gives the sam
   defaults (measured) must give a row alone the bits it has inside a batch;
 - the shape itself: the first use of each (device, K, N, dtype, out dtype, GEMM contract) outside CUDA
   graph capture compares cuBLAS with the Triton kernel on seeded inputs and the layer's own weight, at
-  CHECK_ROWS row counts (both sides of every tile threshold of both); one differing element refuses that
+  CHECK_ROWS row counts (both sides of every tile threshold of both; up to 257 for the widest layers,
+  CHECK_BYTES); one differing element refuses that
   shape for the process, with a warning naming it. During capture an unchecked shape runs Triton.
 
 Cost of the setting to the native path of the same process: its cuBLAS calls run without a workspace
@@ -51,6 +52,9 @@ CANARY_BATCH = 1024
 CHECK_ROWS = (1, 2, 7, 8, 16, 17, 64, 65, 128, 129, 200, 256, 257, 1000)
 """Row counts a shape is compared at: the Triton plan's thresholds (4, 16, 64) and cuBLAS's tile rows
 (64, 128, 256) from both sides."""
+CHECK_BYTES = 256 << 20
+"""A check's fp32-sized output at most (the lm_head's 151,936 columns: row counts up to 257, so the
+first strict logprob of a run does not ask for gigabytes)."""
 CAPABILITIES = ((9, 0),)
 """Compute capabilities the route was measured on (H200)."""
 
@@ -198,8 +202,9 @@ def admitted(x2: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, contract
     if not state.admitted:
         _CHECKED[key] = False
         return False
-    x = _seeded(max(CHECK_ROWS), w.shape[1], x2.dtype, x2.device, seed=103)
-    problem = first_difference(lambda a, b: linear(a, b, out_dtype), triton_fn, x, w)
+    rows = [m for m in CHECK_ROWS if m * w.shape[0] * 4 <= CHECK_BYTES] or [CHECK_ROWS[0]]
+    x = _seeded(max(rows), w.shape[1], x2.dtype, x2.device, seed=103)
+    problem = first_difference(lambda a, b: linear(a, b, out_dtype), triton_fn, x, w, rows)
     shape = (w.shape[1], w.shape[0], str(x2.dtype).removeprefix("torch."), str(out_dtype).removeprefix("torch."))
     state.shapes[shape] = problem
     if problem is not None:
