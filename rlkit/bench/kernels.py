@@ -347,7 +347,7 @@ def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096), native_only: bool = Fal
     """Strict logprob (lm_head GEMM + the contract's LSE) against torch.mm + log_softmax; the native
     time from `native_at_defaults` where given (see bench_gemm)."""
     from rlkit import NumericsContract
-    from rlkit.kernels import logprob
+    from rlkit.kernels import gemm, logprob
 
     c = NumericsContract.default()
     k, n, _ = gemm_shapes("qwen3-8b")["lm_head"]
@@ -378,6 +378,12 @@ def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096), native_only: bool = Fal
         rec.add("logprob", form, shape, "same_bits", float(same))
         rec.add("logprob", "strict", shape, "ms", t_str)
         rec.add("logprob", "strict", shape, "ratio_vs_native", t_nat / t_str)
+        # the same kernels without the ids' range check (a device sync the native mm + log_softmax does not
+        # make): how much of the gap at few rows is that read, not the kernels
+        t_unchecked = _bench(lambda: logprob._triton_from_checked_logits(
+            gemm.strict(h, w, c, torch.float32), ids, c, None, None))
+        rec.add("logprob", "strict_kernels_without_id_check", shape, "ms", t_unchecked)
+        rec.add("logprob", "strict_kernels_without_id_check", shape, "ratio_vs_native", t_nat / t_unchecked)
 
 
 def bench_rowwise(rec: Recorder, rows: int = 4096) -> None:
