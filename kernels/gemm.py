@@ -19,12 +19,13 @@ ranks gather them in rank order (`rlkit.kernels.collectives.gather`) and `merge`
 merge, so TP 1, 2 and 4 give the same bits.
 
 GPU: the Triton kernels of kernels/gemm_kernels.py run the same contract on tensor cores for CUDA tensors
-(`strict(...)` picks them; `rlkit.ops.linear` calls `strict`). A one-chain product (chunk count 1: the
-column layers from v3) runs on cuBLAS instead where kernels/gemm_cublas.py admits it: cuBLAS without
-split-K gives the Triton kernel's bits there, checked per shape at first use. They read `gemm.k_chunks`, `gemm.k_tile`,
+(`strict(...)` picks them; `rlkit.ops.linear` calls `strict`). They read `gemm.k_chunks`, `gemm.k_tile`,
 `gemm.chunk_merge` and `gpu.fp_fusion`, and cover k_chunks / shards in TREE_CHUNKS (1, 2, 4, 8; unrolled); other
 chunk counts run the reference, which defines the contract. `triton_launch` returns what it launched
-(plan and compiled kernel) to the caller that asks, the benchmarks.
+(plan and compiled kernel) to the caller that asks, the benchmarks. A one-chain product (chunk count 1:
+the column layers from v3) runs on cuBLAS instead where kernels/gemm_cublas.py admits it: cuBLAS without
+split-K gives the Triton kernel's bits there, checked per shape at first use (a launch choice, like the
+plan).
 """
 
 from __future__ import annotations
