@@ -31,6 +31,12 @@ capture for each path) are left out and the ratio is taken pair by pair (a stric
 after it). Separate runs put the paths minutes apart; on 2026-12-02 two such measurements of the
 validation shape read 0.87 and 1.65 (the second's strict run had one timed step, still compiling):
 lab/LOG.md.
+The cuBLAS setting (session 16): importing rlkit turns cuBLAS's workspace off for the strict GEMM's cuBLAS
+route (kernels/gemm_cublas.py), and with it split-K for the native GEMMs of the same process. The native
+control a user runs keeps torch's defaults: run `--paths native` with RLKIT_GEMM_CUBLAS=0 in its
+environment (the two-run design). Under --interleave both paths share one process and so the setting; every
+run writes a `cublas_no_workspace` row (1: the process ran without a workspace) so the table's rows say
+which cuBLAS they timed.
 With --profile, each run is recorded by torch.profiler (every step, step 0 too: use few steps; measured
 2026-12-01: the validation shape's 4 x 512 decode steps did not finish profiling in 166 s) and
 $OUT/profile-SHAPE-PATH.txt gets its kernels by device time (the top 60, and totals per kernel family),
@@ -335,7 +341,7 @@ def main() -> int:
             print(f"  per step: " + "; ".join(f"{k} {v}" for k, v in values.items()), flush=True)
             rows += [dict(op="rl_step", impl=path, shape=name, metric=k, median=v, device=device, commit=sha,
                           warmup=warmup) | ({"values": values[k]} if k in values else {})
-                     for k, v in (result[path] | memory).items()]
+                     for k, v in (result[path] | memory | cublas_setting()).items()]
             (a.out / "rl_step_ratio.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # per path
         if len(result) < 2:
             continue
@@ -347,6 +353,14 @@ def main() -> int:
         (a.out / "rl_step_ratio.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     print_table(table)
     return 0
+
+
+def cublas_setting() -> dict[str, float]:
+    """{"cublas_no_workspace": 1.0} when this process runs cuBLAS without a workspace (rlkit's setting for
+    its cuBLAS route), else 0.0 (torch's defaults: RLKIT_GEMM_CUBLAS=0, or the user's own values)."""
+    from rlkit.kernels import gemm_cublas
+
+    return {"cublas_no_workspace": float(gemm_cublas.environment_problem() is None)}
 
 
 def print_table(table) -> None:
@@ -379,7 +393,7 @@ def interleaved_shape(a, name: str, cfg, device: str, sha: str, table: list) -> 
               + f" mismatches {s.mismatch_count}/{s.compared_tokens}", flush=True)
     common = dict(op="rl_step", shape=name, device=device, commit=sha, design="alternating", warmup=a.warmup)
     rows = [dict(common, impl=path, metric=k, median=v) for path, r in result.items() for k, v in r.items()]
-    rows += [dict(common, impl="strict+native", metric=k, median=v) for k, v in memory.items()]
+    rows += [dict(common, impl="strict+native", metric=k, median=v) for k, v in (memory | cublas_setting()).items()]
     if not ratio:
         print(f"{name}: no strict/native pair after the warm-up; no ratio", flush=True)
         return rows
