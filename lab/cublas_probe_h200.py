@@ -138,37 +138,28 @@ def child(setting: str, out: Path, models, ms, budget_s: float, dry: bool) -> No
         w, x = randn(n, k, scale=0.02, seed=1), randn(big, k, seed=2)
         whole = F.linear(x, w)
         strict_whole = gemm.strict(x, w, contract, row_parallel=row_par)
+        routes = {}  # the row-parallel layers' routes: name -> (fn, its whole-batch product)
         if row_par:
             bounds = gemm._chunk_bounds(k, gemm.chunk_count(contract, True), contract, True)  # the contract's
 
-            def chunked(xs):
-                acc = mm_fp32(xs[:, bounds[0][0]:bounds[0][1]], w[:, bounds[0][0]:bounds[0][1]])
-                for lo, hi in bounds[1:]:
-                    acc = acc + mm_fp32(xs[:, lo:hi], w[:, lo:hi])
+            def chunk_sum(xs, in_epilogue):
+                """The chunks in order from chunk 0's fp32 product: each next one added by a separate add
+                ("chunked") or as cuBLAS's C with beta = 1 ("chained": no add kernel); rounded once."""
+                (lo, hi), rest = bounds[0], bounds[1:]
+                acc = mm_fp32(xs[:, lo:hi], w[:, lo:hi])
+                for lo, hi in rest:
+                    acc = (addmm_fp32(acc, xs[:, lo:hi], w[:, lo:hi]) if in_epilogue
+                           else acc + mm_fp32(xs[:, lo:hi], w[:, lo:hi]))
                 return acc.to(torch.bfloat16)
 
-            def chained(xs):  # the running sum as each chunk's C: one fp32 read + write per chunk, no add kernel
-                acc = mm_fp32(xs[:, bounds[0][0]:bounds[0][1]], w[:, bounds[0][0]:bounds[0][1]])
-                for lo, hi in bounds[1:]:
-                    acc = addmm_fp32(acc, xs[:, lo:hi], w[:, lo:hi])
-                return acc.to(torch.bfloat16)
-
-            try:
-                chained_whole = chained(x)
-            except Exception as exc:  # noqa: BLE001 - no fp32-out addmm in this torch: a row says so
-                print(f"{setting}: {label}: the chained route failed ({type(exc).__name__}: {str(exc)[:160]})",
-                      flush=True)
-                add(f"chained failed: {type(exc).__name__}", label, "seen", 1.0)
-                chained_whole = None
-            try:
-                chunked_whole = chunked(x)
-            except Exception as exc:  # noqa: BLE001 - e.g. no fp32-out mm in this torch: the route is a row
-                print(f"{setting}: {label}: the chunked route failed ({type(exc).__name__}: {str(exc)[:160]})",
-                      flush=True)
-                add(f"chunked failed: {type(exc).__name__}", label, "seen", 1.0)
-                row_par_route = False
-            else:
-                row_par_route = True
+            for name, in_epilogue in (("chunked", False), ("chained", True)):
+                fn = lambda xs, e=in_epilogue: chunk_sum(xs, e)  # noqa: E731
+                try:
+                    routes[name] = (fn, fn(x))
+                except Exception as exc:  # noqa: BLE001 - e.g. no fp32-out mm / addmm in this torch: a row says so
+                    print(f"{setting}: {label}: the {name} route failed ({type(exc).__name__}: "
+                          f"{str(exc)[:160]})", flush=True)
+                    add(f"{name} failed: {type(exc).__name__}", label, "seen", 1.0)
         for m in ms:
             shape = f"{label} M={m} K={k} N={n}"
             xm = x[:m]
@@ -187,24 +178,17 @@ def child(setting: str, out: Path, models, ms, budget_s: float, dry: bool) -> No
             add("strict", shape, "ms", timed(lambda: gemm.strict(xm, w, contract, row_parallel=row_par)))
             if not dry:
                 add(f"cublas kernels: {kernel_names(lambda: F.linear(xm, w))}", shape, "seen", 1.0)
-            if row_par and row_par_route:
-                yc = chunked(xm)
-                add("chunked", shape, "rows_differing", bits_differ(yc, chunked_whole[:m])[0])
+            for name, (fn, route_whole) in routes.items():
+                yc = fn(xm)
+                add(name, shape, "rows_differing", bits_differ(yc, route_whole[:m])[0])
                 count, delta = bits_differ(yc, strict_whole[:m])
-                add("chunked", shape, "strict_differing", count)
-                add("chunked", shape, "strict_max_abs_diff", delta)
-                add("chunked", shape, "ms", timed(lambda: chunked(xm)))
-            if row_par and chained_whole is not None:
-                yc = chained(xm)
-                add("chained", shape, "rows_differing", bits_differ(yc, chained_whole[:m])[0])
-                count, delta = bits_differ(yc, strict_whole[:m])
-                add("chained", shape, "strict_differing", count)
-                add("chained", shape, "strict_max_abs_diff", delta)
-                add("chained", shape, "ms", timed(lambda: chained(xm)))
+                add(name, shape, "strict_differing", count)
+                add(name, shape, "strict_max_abs_diff", delta)
+                add(name, shape, "ms", timed(lambda: fn(xm)))
             print(f"{setting}: {shape} " + " ".join(f"{r['metric']}={r['median']:.4g}" for r in rows[-6:]
                                                    if r["shape"] == shape and r["impl"].startswith("cublas@")),
                   flush=True)
-        del w, x, whole, strict_whole
+        del w, x, whole, strict_whole, routes
     (out / f"cublas_probe-{setting}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
