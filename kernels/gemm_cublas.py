@@ -12,7 +12,8 @@ the route needs the workspace off. Only the bits matter to a contract, so the ke
 the launcher's to choose, as it chooses tiles.
 
 What guards it (`admitted`; any "no" runs the Triton kernel, which gives the same bits by definition):
-- RLKIT_GEMM_CUBLAS is not "0";
+- RLKIT_GEMM_CUBLAS is not "0" (read with the rest of the environment when a device's decision is made,
+  once a process);
 - an NVIDIA GPU of compute capability 9.0, the only kind measured (vLLM reports cuBLAS's batch
   invariance failing on Ada), bf16 or fp16 operands, contiguous and 16-byte aligned, out dtype the
   operands' or fp32, and one chain (gemm.chunk_count == 1);
@@ -41,6 +42,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from rlkit.bitwise import differs
 
 SWITCH = "RLKIT_GEMM_CUBLAS"
 NO_WORKSPACE = {"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"}
@@ -107,7 +110,7 @@ def rows_split(linear, x: torch.Tensor, w: torch.Tensor, rows=CANARY_ROWS) -> li
     whole = linear(x, w)
     out = []
     for m in rows:
-        count = int(_differs(linear(x[:m], w), whole[:m]).sum())
+        count = int(differs(linear(x[:m], w), whole[:m]).sum())
         if count:
             out.append((m, count))
     return out
@@ -122,18 +125,12 @@ def first_difference(fast, reference, x: torch.Tensor, w: torch.Tensor, rows=CHE
         a, b = fast(x[:m], w), reference(x[:m], w)
         if a.shape != b.shape or a.dtype != b.dtype:
             return f"M={m}: {tuple(a.shape)} {a.dtype} against {tuple(b.shape)} {b.dtype}"
-        mask = _differs(a, b)
+        mask = differs(a, b)
         count = int(mask.sum())
         if count:
             delta = float((a.float() - b.float()).abs()[mask].max())
             return f"M={m}: {count} of {a.numel()} elements differ (max |d| {delta:.3g})"
     return None
-
-
-def _differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    from rlkit.bitwise import differs
-
-    return differs(a, b)
 
 
 def _seeded(rows: int, k: int, dtype: torch.dtype, device, seed: int, scale: float = 1.0) -> torch.Tensor:
@@ -189,8 +186,6 @@ def admitted(x2: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, contract
     if out_dtype not in (x2.dtype, torch.float32) or not (x2.is_contiguous() and w.is_contiguous()):
         return False
     if x2.data_ptr() % 16 or w.data_ptr() % 16 or x2.shape[1] % 8:
-        return False
-    if os.environ.get(SWITCH, "1") == "0":
         return False
     key = (x2.device.index, w.shape[1], w.shape[0], x2.dtype, out_dtype, contract.gemm)
     verdict = _CHECKED.get(key)
