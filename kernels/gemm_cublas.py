@@ -72,6 +72,10 @@ class RouteState:
     shapes: dict = field(default_factory=dict)
     """(K, N, dtype, out dtype) -> None when cuBLAS gave the strict bits there, else why not."""
 
+    def on_cublas(self, k: int, n: int, dtype: str = "bfloat16", out: str = "bfloat16") -> bool:
+        """Whether products of this (K, N, dtype, out dtype) run on cuBLAS here: checked equal, route on."""
+        return self.admitted and (k, n, dtype, out) in self.shapes and self.shapes[(k, n, dtype, out)] is None
+
     def summary(self) -> str:
         refused = {k: v for k, v in self.shapes.items() if v}
         return (f"cuBLAS route on {self.device}: {'on' if self.admitted else 'off'} ({self.reason}); "

@@ -130,8 +130,8 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
                 y, launches = gemm.triton_launch(x, w, c, 1, torch.bfloat16, row_parallel=row_par)
                 compiled.update((ln.kernel, ln) for ln in launches)
                 routed = gemm.strict(x, w, c, torch.bfloat16, row_parallel=row_par)  # eager first: the route's check
-                on_cublas = (not row_par and gemm_cublas.status(x.device) is not None
-                             and gemm_cublas.status(x.device).shapes.get((k, n, "bfloat16", "bfloat16"), "") is None)
+                route = gemm_cublas.status(x.device)
+                on_cublas = not row_par and route is not None and route.on_cublas(k, n)
                 rec.add("gemm", "strict", shape, "on_cublas", float(on_cublas))
                 rec.add("gemm", "strict", shape, "same_bits_as_triton", float(torch.equal(routed, y)))
                 impls = {

@@ -33,7 +33,7 @@ def randn(*shape, scale=1.0, seed=0):
 
 def _cublas_ran(k, n, out="bfloat16") -> bool:
     state = gemm_cublas.status(DEV)
-    return state is not None and state.admitted and state.shapes.get((k, n, "bfloat16", out), "") is None
+    return state is not None and state.on_cublas(k, n, out=out)
 
 
 def test_the_route_is_admitted_here():
