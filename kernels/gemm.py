@@ -184,6 +184,7 @@ def native(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = Non
 # follows chooses their launches (none of these choices changes a bit) and calls them.
 from rlkit.kernels import _triton as _tr  # noqa: E402
 from rlkit.kernels import gemm_cublas as _cublas  # noqa: E402
+from rlkit.kernels import gemm_gluon as _gluon  # noqa: E402
 from rlkit.kernels.gemm_kernels import (TREE_CHUNKS, _gemm_swapped_kernel, _gemm_tiles_kernel,  # noqa: E402
                                         _gemm_tma_flat_kernel, _gemm_tma_kernel)
 
@@ -241,7 +242,8 @@ def tma_capable(device: torch.device) -> bool:
 
 
 def plan(m: int, n: int, device: torch.device, override: dict | None = None, chunks: int = 4,
-         k_chunk: int = 0, bk: int = 64, dtype: torch.dtype = torch.bfloat16, merge: str = "sequential") -> dict:
+         k_chunk: int = 0, bk: int = 64, dtype: torch.dtype = torch.bfloat16, merge: str = "sequential",
+         gluon: bool = True) -> dict:
     """Launch configuration for an [m, K] x [n, K]^T product over `chunks` K chunks of `k_chunk`
     elements, fixed per shape (measured on the H200, lab/KERNELS_NOTES.md; none of these choices changes
     a bit, tests/gpu prove it):
@@ -381,6 +383,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract
     fold = contract.gemm.chunk_merge == "sequential"
     even_k = kc % bk == 0
     opts = _tr.launch_options(contract)
+    if cfg["kind"] == "gluon" and not (fold and c > 1 and _gluon.supported(x2, w, y, c, kc, bk, cfg["BM"])):
+        cfg = plan(m, n, x.device, None, chunks=c, k_chunk=kc, bk=bk, dtype=x.dtype, merge=merge_rule, gluon=False)
     if cfg["kind"] == "tma" and not (_tma_ok(x2) and _tma_ok(w)):
         cfg = plan(m, n, x.device, None, chunks=c, k_chunk=0, bk=bk, dtype=x.dtype, merge=merge_rule)  # pointer loads
     if cfg["kind"] == "swapped":
@@ -391,6 +395,9 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract
                                               C=c, BN=cfg["BN"], BT=cfg["BT"], BK=bk, EVEN_K=even_k, IEEE=ieee, FOLD=fold,
                                               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
         launches.append(_tr.Launch("swapped", dict(cfg, grid=grid, C=c, BK=bk), compiled))
+    elif cfg["kind"] == "gluon":
+        compiled, grid = _gluon.launch(x2, w, y, c, kc, bk, cfg, _tr.sm_count(x.device), opts)
+        launches.append(_tr.Launch("gluon", dict(cfg, grid=grid, C=c, BK=bk), compiled))
     elif cfg["kind"] == "tma":
         bm, bn = cfg["BM"], cfg["BN"]
         split = bool(cfg["split"]) and c > 1

@@ -1,0 +1,152 @@
+"""The row-parallel strict GEMM as a Gluon kernel (Hopper): the same bits as the Triton kernels of
+kernels/gemm_kernels.py, without their pipeline drain at every chunk end.
+
+Contract v5's row-parallel product (gemm.chunk_merge = "sequential"): each of the C K chunks is one fp32
+chain of 64-wide K steps from zero; the chunk sums are added in chunk order, ((c0 + c1) + c2) + c3; one
+rounding. The Triton kernel writes each chunk as its own pipelined loop, so a tile's loads stop and
+restart four times; Triton's one loop over every chunk waited for every MMA (lab/KERNELS_NOTES.md).
+
+Gluon lets the kernel say what Triton's pipeliner could not: TMA loads run STAGES - 1 K steps ahead of
+the MMAs across chunk and tile boundaries (the K position of a tile's step j is j * BK whatever its
+chunk), the MMAs keep one in flight (wait for all only at a chunk's end, where its sum is added to the
+running total), and the finished tile's TMA store overlaps the next tile's loads. Each chunk is still the
+same chain (warpgroup MMAs of k16 steps in K order, the first step not reading the accumulator), and the
+chunk sums still meet in the same order: the same bits as every other launch of the plan
+(tests/gpu/test_kernels_gpu.py checks it).
+
+Device code and its launcher only; `kernels/gemm.py` decides when it runs (`plan`). Gluon is Triton's
+experimental lower-level language (triton.experimental.gluon, Triton >= 3.5 on sm_90); without it
+`AVAILABLE` is False and the plan never picks this kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    AVAILABLE = True
+except Exception:  # noqa: BLE001 - no Triton, or a Triton without Gluon's Hopper API
+    AVAILABLE = False
+
+_GL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+if AVAILABLE:
+
+    @gluon.jit
+    def _tile_origin(tile, M, N, BM: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constexpr):
+        """First row and column of tile `tile` in grouped order (GROUP_M row tiles share a sweep over
+        the columns; the same order as the Triton kernels' `_grouped_origin`)."""
+        n_m = gl.cdiv(M, BM)
+        width = GROUP_M * gl.cdiv(N, BN)
+        first_m = (tile // width) * GROUP_M
+        group_rows = gl.minimum(n_m - first_m, GROUP_M)
+        return (first_m + (tile % width) % group_rows) * BM, ((tile % width) // group_rows) * BN
+
+    @gluon.jit
+    def _load_step(j, total, pid, programs, M, N, x_desc, w_desc, a_bufs, b_bufs, ready,
+                   STEPS_PER_TILE: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                   BK: gl.constexpr, GROUP_M: gl.constexpr):
+        """TMA loads of this program's K step j (if it has one) into ring slot j % STAGES."""
+        if j < total:
+            s = j % STAGES
+            off_m, off_n = _tile_origin(pid + (j // STEPS_PER_TILE) * programs, M, N, BM, BN, GROUP_M)
+            k0 = (j % STEPS_PER_TILE) * BK
+            bar = ready.index(s)
+            mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(x_desc, [off_m, k0], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(w_desc, [off_n, k0], bar, b_bufs.index(s))
+
+    @gluon.jit(do_not_specialize=["M", "programs"])
+    def _ordered_chunks_kernel(x_desc, w_desc, y_desc, M, N, programs,
+                               C: gl.constexpr, STEPS: gl.constexpr, STAGES: gl.constexpr,
+                               GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+        """y[BM x BN tiles] = the C chunk chains of STEPS K steps each, added in chunk order, rounded once.
+        A persistent grid of `programs`; program p computes tiles p, p + programs, ... in grouped order."""
+        BM: gl.constexpr = x_desc.block_type.shape[0]
+        BK: gl.constexpr = x_desc.block_type.shape[1]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        STEPS_PER_TILE: gl.constexpr = C * STEPS
+        pid = gl.program_id(0)
+        tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
+        total = gl.cdiv(tiles - pid, programs) * STEPS_PER_TILE  # this program's K steps, all its tiles
+
+        a_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, BK], x_desc.layout)
+        b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for slot in gl.static_range(STAGES):
+            mbarrier.init(ready.index(slot), count=1)
+        y_smem = gl.allocate_shared_memory(y_desc.dtype, [BM, BN], y_desc.layout)
+
+        # each warp 16 rows of the tile, the whole BN wide: m64nBNk16 warpgroup MMAs
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, BN, 16])
+        acc = gl.zeros((BM, BN), gl.float32, mma_layout)
+        tot = gl.zeros((BM, BN), gl.float32, mma_layout)
+
+        for j in gl.static_range(STAGES - 1):
+            _load_step(j, total, pid, programs, M, N, x_desc, w_desc, a_bufs, b_bufs, ready,
+                       STEPS_PER_TILE, STAGES, BM, BN, BK, GROUP_M)
+        for i in range(total):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            step = i % STEPS
+            pending = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, use_acc=step != 0,
+                                    is_async=True)
+            if step == STEPS - 1:  # the chunk's chain is complete: add it to the tile's running sum
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
+                chunk = (i // STEPS) % C
+                if chunk == 0:
+                    tot = acc
+                else:
+                    tot = tot + acc
+                if chunk == C - 1:
+                    off_m, off_n = _tile_origin(pid + (i // STEPS_PER_TILE) * programs, M, N, BM, BN, GROUP_M)
+                    tma.store_wait(pendings=0)  # the previous tile's store has read y_smem
+                    y_smem.store(tot.to(y_desc.dtype))
+                    fence_async_shared()
+                    tma.async_copy_shared_to_global(y_desc, [off_m, off_n], y_smem)
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
+            # slot (i - 1) % STAGES: its MMA has completed (at most MMA i is in flight)
+            _load_step(i + STAGES - 1, total, pid, programs, M, N, x_desc, w_desc, a_bufs, b_bufs, ready,
+                       STEPS_PER_TILE, STAGES, BM, BN, BK, GROUP_M)
+        tma.store_wait(pendings=0)
+        for slot in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(slot))
+
+
+def _descriptor(t: torch.Tensor, block: list[int]):
+    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[t.dtype]))
+    return TensorDescriptor.from_tensor(t, block, layout)
+
+
+def supported(x2: torch.Tensor, w: torch.Tensor, y: torch.Tensor, chunks: int, k_chunk: int, bk: int,
+              bm: int) -> bool:
+    """What this kernel runs: bf16/fp16 operands and output, TMA-aligned rows, chunks of whole K steps,
+    at least one row tile (a TMA box never exceeds the tensor)."""
+    return (AVAILABLE and x2.dtype in _GL_DTYPES and w.dtype == x2.dtype and y.dtype == x2.dtype
+            and k_chunk % bk == 0 and k_chunk > 0 and x2.shape[0] >= bm
+            and all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
+                    for t in (x2, w, y)))
+
+
+def launch(x2: torch.Tensor, w: torch.Tensor, y: torch.Tensor, chunks: int, k_chunk: int, bk: int,
+           cfg: dict, sms: int, options: dict):
+    """y = x2 @ w.T over `chunks` chunks of `k_chunk`, added in chunk order (contract v5), rounded once to
+    y's dtype. `cfg`: BM, BN, STAGES (num_stages), GROUP_M, num_warps. Returns the compiled kernel and grid."""
+    bm, bn = cfg["BM"], cfg["BN"]
+    m, n = x2.shape[0], w.shape[0]
+    tiles = -(-m // bm) * -(-n // bn)
+    grid = (min(tiles, sms * cfg.get("programs_per_sm", 1)),)
+    compiled = _ordered_chunks_kernel[grid](
+        _descriptor(x2, [bm, bk]), _descriptor(w, [bn, bk]), _descriptor(y, [bm, bn]), m, n, grid[0],
+        C=chunks, STEPS=k_chunk // bk, STAGES=cfg["num_stages"], GROUP_M=cfg["GROUP_M"],
+        num_warps=cfg["num_warps"], **options)
+    return compiled, grid

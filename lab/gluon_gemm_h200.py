@@ -1,0 +1,122 @@
+"""The row-parallel strict GEMM's Gluon kernel (kernels/gemm_gluon.py) against the plan's Triton kernel and
+cuBLAS, on the H200: bits first, then time.
+
+For every row-parallel projection (o, down) of the qwen3-8b / 1.7b / 0.6b presets and every M: the plan's
+Triton result, each Gluon launch configuration below (torch.equal against it; on a difference the count,
+the largest difference and the first differing elements are printed and the configuration is not timed),
+and CUDA-graph times of all three. cuBLAS runs in this process, so without a workspace (importing rlkit
+sets that): at M >= 1024 no split-K was measured there under any setting (lab/KERNELS_NOTES.md), below it
+the benchmark's ratio (cuBLAS at torch's defaults, in a child) is the one to quote.
+
+    RLKIT_COMMIT=<sha> python3 lab/gluon_gemm_h200.py --out $W/gluon [--m 256,1024,4096,8192] [--budget-s 150]
+
+Writes OUT/gluon_gemm.jsonl (long format: op "gemm_gluon", impl, shape, metric, median, device, commit)
+and prints one line per shape: the Triton kernel's and the best Gluon configuration's speed against cuBLAS.
+Nothing here asserts; a differing configuration is printed as DIFFERENT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+CONFIGS = {  # name -> plan override (kernels/gemm_gluon.py): each must give the plan's bits
+    "g128x128s4": dict(kind="gluon", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=4),
+    "g128x128s5": dict(kind="gluon", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=5),
+    "g128x128s6": dict(kind="gluon", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=6),
+    "g128x64s4": dict(kind="gluon", BM=128, BN=64, GROUP_M=8, num_warps=8, num_stages=4),
+    "g128x64s3x2": dict(kind="gluon", BM=128, BN=64, GROUP_M=8, num_warps=8, num_stages=3, programs_per_sm=2),
+    "g64x128s4x2": dict(kind="gluon", BM=64, BN=128, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2),
+}
+
+
+def report_difference(a, b) -> str:
+    diff = (a.float() - b.float()).abs()
+    idx = (a != b).nonzero()[:3].tolist()
+    return (f"{int((a != b).sum())} of {a.numel()} differ, max |diff| {float(diff.max()):.3e}, first at {idx}: "
+            f"{[float(a[i, j]) for i, j in idx]} vs {[float(b[i, j]) for i, j in idx]}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--m", default="256,1000,1024,4096,8192")
+    ap.add_argument("--models", default="qwen3-8b,qwen3-1.7b,qwen3-0.6b")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--budget-s", type=float, default=150.0)
+    a = ap.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+
+    from rlkit import NumericsContract
+    from rlkit.bench.kernels import _graph_ms, _randn, gemm_shapes
+    from rlkit.kernels import gemm
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    device, commit = torch.cuda.get_device_name(), os.environ.get("RLKIT_COMMIT", "unknown")
+    rows: list[dict] = []
+
+    def add(impl, shape, metric, value):
+        rows.append(dict(op="gemm_gluon", impl=impl, shape=shape, metric=metric, median=float(value),
+                         device=device, commit=commit))
+
+    c = NumericsContract.default()
+    t_end = time.time() + a.budget_s
+    print(f"{'shape':44s} {'cuBLAS ms':>9s} {'triton':>7s} {'gluon':>7s}  best", flush=True)
+    for model in a.models.split(","):
+        for name, (k, n, row_par) in gemm_shapes(model).items():
+            if not row_par:
+                continue
+            w = _randn(n, k, scale=0.02, seed=1)
+            for m in map(int, a.m.split(",")):
+                if time.time() > t_end:
+                    print("budget spent: stopping", flush=True)
+                    break
+                x = _randn(m, k, seed=2)
+                shape = f"{model}.{name} M={m} K={k} N={n}"
+                y_ref, launches = gemm.triton_launch(x, w, c, 1, torch.bfloat16, row_parallel=True)
+                add("triton", shape, "plan:" + str(launches[0].plan.get("kind")), 1.0)
+                t_nat = _graph_ms(lambda: F.linear(x, w))
+                t_tri = _graph_ms(lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, row_parallel=True))
+                add("native_no_workspace", shape, "ms", t_nat)
+                add("triton", shape, "ms", t_tri)
+                add("triton", shape, "ratio_vs_native", t_nat / t_tri)
+                best = ("-", 0.0)
+                for cname in a.configs.split(","):
+                    cfg = CONFIGS[cname]
+                    try:
+                        y, ln = gemm.triton_launch(x, w, c, 1, torch.bfloat16, config=cfg, row_parallel=True)
+                    except Exception as exc:  # noqa: BLE001 - a configuration that does not run is a row
+                        print(f"  {shape} {cname}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                        add(cname, shape, "error", 1.0)
+                        continue
+                    ran = ln[0].kernel if ln else "-"
+                    same = torch.equal(y, y_ref)
+                    add(cname, shape, "same_bits", float(same))
+                    add(cname, shape, "ran:" + ran, 1.0)
+                    if ran == "gluon":
+                        add(cname, shape, "registers", ln[0].registers)
+                        add(cname, shape, "spills", ln[0].spills)
+                    if not same:
+                        print(f"  DIFFERENT {shape} {cname} ({ran}): {report_difference(y, y_ref)}", flush=True)
+                        continue
+                    t = _graph_ms(lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, config=cfg,
+                                                              row_parallel=True))
+                    add(cname, shape, "ms", t)
+                    add(cname, shape, "ratio_vs_native", t_nat / t)
+                    add(cname, shape, "ratio_vs_triton", t_tri / t)
+                    if ran == "gluon" and t_nat / t > best[1]:
+                        best = (cname, t_nat / t)
+                print(f"{shape:44s} {t_nat:9.4f} {t_nat / t_tri:7.2f} {best[1]:7.2f}  {best[0]}", flush=True)
+                del x
+            del w
+    (a.out / "gluon_gemm.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
