@@ -10,8 +10,8 @@ Gluon lets the kernel say what Triton's pipeliner could not: TMA loads run STAGE
 the MMAs across chunk and tile boundaries (the K position of a tile's step j is j * BK whatever its
 chunk), the MMAs keep one in flight (wait for all only at a chunk's end, where its sum is added to the
 running total), and the finished tile's TMA store overlaps the next tile's loads. Each chunk is still the
-same chain (warpgroup MMAs of k16 steps in K order, the first step not reading the accumulator), and the
-chunk sums still meet in the same order: the same bits as every other launch of the plan
+same chain (warpgroup MMAs of k16 steps in K order from a +0 accumulator, as the Triton kernels start it:
+an all -0 chunk sums to +0 in both), and the chunk sums still meet in the same order: the same bits as every other launch of the plan
 (tests/gpu/test_kernels_gpu.py checks it).
 
 Device code and its launcher only; `kernels/gemm.py` decides when it runs (`plan`). Gluon is Triton's
@@ -97,8 +97,7 @@ if AVAILABLE:
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             step = i % STEPS
-            pending = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, use_acc=step != 0,
-                                    is_async=True)
+            pending = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
             if step == STEPS - 1:  # the chunk's chain is complete: add it to the tile's running sum
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
                 chunk = (i // STEPS) % C
@@ -106,6 +105,7 @@ if AVAILABLE:
                     tot = acc
                 else:
                     tot = tot + acc
+                acc = gl.zeros((BM, BN), gl.float32, mma_layout)  # the next chunk's chain starts from +0
                 if chunk == C - 1:
                     off_m, off_n = _tile_origin(pid + (i // STEPS_PER_TILE) * programs, M, N, BM, BN, GROUP_M)
                     tma.store_wait(pendings=0)  # the previous tile's store has read y_smem

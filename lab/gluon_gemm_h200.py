@@ -2,7 +2,8 @@
 cuBLAS, on the H200: bits first, then time.
 
 For every row-parallel projection (o, down) of the qwen3-8b / 1.7b / 0.6b presets and every M: the plan's
-Triton result, each Gluon launch configuration below (torch.equal against it; on a difference the count,
+Triton result, each Gluon launch configuration below (its bits against it, the sign of zero included:
+x's row 7 is zero and weight row 5 negative; on a difference the count,
 the largest difference and the first differing elements are printed and the configuration is not timed),
 and CUDA-graph times of all three. cuBLAS runs in this process, so without a workspace (importing rlkit
 sets that): at M >= 1024 no split-K was measured there under any setting (lab/KERNELS_NOTES.md), below it
@@ -72,11 +73,13 @@ def main() -> int:
             if not row_par:
                 continue
             w = _randn(n, k, scale=0.02, seed=1)
+            w[5] = -w[5].abs() - 1e-3  # with x's zero row 7: every product -0 (the sum's sign of zero is checked)
             for m in map(int, a.m.split(",")):
                 if time.time() > t_end:
                     print("budget spent: stopping", flush=True)
                     break
                 x = _randn(m, k, seed=2)
+                x[7] = 0.0
                 shape = f"{model}.{name} M={m} K={k} N={n}"
                 y_ref, launches = gemm.triton_launch(x, w, c, 1, torch.bfloat16, row_parallel=True)
                 add("triton", shape, "plan:" + str(launches[0].plan.get("kind")), 1.0)
@@ -95,7 +98,7 @@ def main() -> int:
                         add(cname, shape, "error", 1.0)
                         continue
                     ran = ln[0].kernel if ln else "-"
-                    same = torch.equal(y, y_ref)
+                    same = torch.equal(y.view(torch.int16), y_ref.view(torch.int16))  # bits: -0 != +0
                     add(cname, shape, "same_bits", float(same))
                     add(cname, shape, "ran:" + ran, 1.0)
                     if ran == "gluon":
