@@ -50,18 +50,28 @@ if AVAILABLE:
         return (first_m + (tile % width) % group_rows) * BM, ((tile % width) // group_rows) * BN
 
     @gluon.jit
-    def _load_step(j, total, pid, programs, M, N, x_desc, w_desc, a_bufs, b_bufs, ready,
-                   STEPS_PER_TILE: gl.constexpr, STAGES: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-                   BK: gl.constexpr, GROUP_M: gl.constexpr):
-        """TMA loads of this program's K step j (if it has one) into ring slot j % STAGES."""
-        if j < total:
-            s = j % STAGES
-            off_m, off_n = _tile_origin(pid + (j // STEPS_PER_TILE) * programs, M, N, BM, BN, GROUP_M)
-            k0 = (j % STEPS_PER_TILE) * BK
-            bar = ready.index(s)
-            mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(x_desc, [off_m, k0], bar, a_bufs.index(s))
-            tma.async_copy_global_to_shared(w_desc, [off_n, k0], bar, b_bufs.index(s))
+    def _load(pred, slot, off_m, off_n, k0, x_desc, w_desc, a_bufs, b_bufs, ready):
+        """TMA loads of one K step (x rows off_m.., weight rows off_n.., K from k0) into ring slot `slot`."""
+        bar = ready.index(slot)
+        mbarrier.expect(bar, x_desc.block_type.nbytes + w_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(x_desc, [off_m, k0], bar, a_bufs.index(slot), pred)
+        tma.async_copy_global_to_shared(w_desc, [off_n, k0], bar, b_bufs.index(slot), pred)
+
+    @gluon.jit
+    def _next_step(slot, k0, tile, off_m, off_n, programs, M, N, K: gl.constexpr, STAGES: gl.constexpr,
+                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
+        """The producer's next K step: the next ring slot, and the next K offset, or the first of this
+        program's next tile (its origin computed once a tile, not once a step: integer division by a
+        runtime value costs tens of instructions)."""
+        slot = slot + 1
+        if slot == STAGES:
+            slot = 0
+        k0 = k0 + BK
+        if k0 == K:
+            k0 = 0
+            tile = tile + programs
+            off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
+        return slot, k0, tile, off_m, off_n
 
     @gluon.jit(do_not_specialize=["M", "programs"])
     def _ordered_chunks_kernel(x_desc, w_desc, y_desc, M, N, programs,
@@ -72,10 +82,10 @@ if AVAILABLE:
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BK: gl.constexpr = x_desc.block_type.shape[1]
         BN: gl.constexpr = w_desc.block_type.shape[0]
-        STEPS_PER_TILE: gl.constexpr = C * STEPS
+        K: gl.constexpr = C * STEPS * BK
         pid = gl.program_id(0)
         tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
-        total = gl.cdiv(tiles - pid, programs) * STEPS_PER_TILE  # this program's K steps, all its tiles
+        total = gl.cdiv(tiles - pid, programs) * (C * STEPS)  # this program's K steps, all its tiles
 
         a_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, BK], x_desc.layout)
         b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
@@ -90,33 +100,52 @@ if AVAILABLE:
         acc = gl.zeros((BM, BN), gl.float32, mma_layout)
         tot = gl.zeros((BM, BN), gl.float32, mma_layout)
 
+        # the producer runs STAGES - 1 K steps ahead of the MMAs, across chunk and tile ends
+        p_slot = 0
+        p_k = 0
+        p_tile = pid
+        p_m, p_n = _tile_origin(pid, M, N, BM, BN, GROUP_M)
         for j in gl.static_range(STAGES - 1):
-            _load_step(j, total, pid, programs, M, N, x_desc, w_desc, a_bufs, b_bufs, ready,
-                       STEPS_PER_TILE, STAGES, BM, BN, BK, GROUP_M)
+            _load(j < total, p_slot, p_m, p_n, p_k, x_desc, w_desc, a_bufs, b_bufs, ready)
+            p_slot, p_k, p_tile, p_m, p_n = _next_step(p_slot, p_k, p_tile, p_m, p_n, programs, M, N, K,
+                                                       STAGES, BM, BN, BK, GROUP_M)
+        slot = 0
+        phase = 0
+        step = 0
+        chunk = 0
+        tile = pid
         for i in range(total):
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            step = i % STEPS
-            pending = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+            mbarrier.wait(ready.index(slot), phase)
+            pending = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, is_async=True)
             if step == STEPS - 1:  # the chunk's chain is complete: add it to the tile's running sum
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
-                chunk = (i // STEPS) % C
                 if chunk == 0:
                     tot = acc
                 else:
                     tot = tot + acc
                 acc = gl.zeros((BM, BN), gl.float32, mma_layout)  # the next chunk's chain starts from +0
                 if chunk == C - 1:
-                    off_m, off_n = _tile_origin(pid + (i // STEPS_PER_TILE) * programs, M, N, BM, BN, GROUP_M)
+                    off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
                     tma.store_wait(pendings=0)  # the previous tile's store has read y_smem
                     y_smem.store(tot.to(y_desc.dtype))
                     fence_async_shared()
                     tma.async_copy_shared_to_global(y_desc, [off_m, off_n], y_smem)
+                    tile = tile + programs
+                    chunk = 0
+                else:
+                    chunk = chunk + 1
+                step = 0
             else:
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
-            # slot (i - 1) % STAGES: its MMA has completed (at most MMA i is in flight)
-            _load_step(i + STAGES - 1, total, pid, programs, M, N, x_desc, w_desc, a_bufs, b_bufs, ready,
-                       STEPS_PER_TILE, STAGES, BM, BN, BK, GROUP_M)
+                step = step + 1
+            # the producer's slot is (i - 1) % STAGES: its MMA has completed (at most MMA i is in flight)
+            _load(i + STAGES - 1 < total, p_slot, p_m, p_n, p_k, x_desc, w_desc, a_bufs, b_bufs, ready)
+            p_slot, p_k, p_tile, p_m, p_n = _next_step(p_slot, p_k, p_tile, p_m, p_n, programs, M, N, K,
+                                                       STAGES, BM, BN, BK, GROUP_M)
+            slot = slot + 1
+            if slot == STAGES:
+                slot = 0
+                phase = phase ^ 1
         tma.store_wait(pendings=0)
         for slot in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(slot))
