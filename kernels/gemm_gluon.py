@@ -151,6 +151,115 @@ if AVAILABLE:
             mbarrier.invalidate(ready.index(slot))
 
 
+    @gluon.jit
+    def _ws_producer(x_desc, w_desc, a_bufs, b_bufs, ready, empty, M, N, programs, total,
+                     K: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+        """Warp-specialized form, the loading warp: every K step of this program's tiles in order, each
+        into the next ring slot once the MMAs have released it (`empty`)."""
+        BM: gl.constexpr = x_desc.block_type.shape[0]
+        BK: gl.constexpr = x_desc.block_type.shape[1]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        pid = gl.program_id(0)
+        tile = pid
+        off_m, off_n = _tile_origin(pid, M, N, BM, BN, GROUP_M)
+        slot = 0
+        phase = 0
+        k0 = 0
+        for j in range(total):
+            mbarrier.wait(empty.index(slot), phase ^ 1)  # a fresh barrier's previous phase counts as complete
+            _load(True, slot, off_m, off_n, k0, x_desc, w_desc, a_bufs, b_bufs, ready)
+            k0 = k0 + BK
+            if k0 == K:
+                k0 = 0
+                tile = tile + programs
+                off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
+            slot = slot + 1
+            if slot == STAGES:
+                slot = 0
+                phase = phase ^ 1
+
+    @gluon.jit
+    def _ws_consumer(y_desc, a_bufs, b_bufs, ready, empty, y_smem, M, N, programs, total,
+                     C: gl.constexpr, STEPS: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                     WARPS: gl.constexpr):
+        """Warp-specialized form, the MMA warps: the same chains, chunk sums and stores as
+        `_ordered_chunks_kernel`; each slot is released to the loader once its MMA has completed."""
+        BM: gl.constexpr = a_bufs.shape[1]
+        BN: gl.constexpr = b_bufs.shape[1]
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                             instr_shape=[16, BN, 16])
+        acc = gl.zeros((BM, BN), gl.float32, mma_layout)
+        tot = gl.zeros((BM, BN), gl.float32, mma_layout)
+        slot = 0
+        phase = 0
+        prev = 0
+        step = 0
+        chunk = 0
+        tile = gl.program_id(0)
+        for i in range(total):
+            mbarrier.wait(ready.index(slot), phase)
+            pending = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+            if step == STEPS - 1:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
+                if chunk == 0:
+                    tot = acc
+                else:
+                    tot = tot + acc
+                acc = gl.zeros((BM, BN), gl.float32, mma_layout)
+                if chunk == C - 1:
+                    off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
+                    tma.store_wait(pendings=0)
+                    y_smem.store(tot.to(y_desc.dtype))
+                    fence_async_shared()
+                    tma.async_copy_shared_to_global(y_desc, [off_m, off_n], y_smem)
+                    tile = tile + programs
+                    chunk = 0
+                else:
+                    chunk = chunk + 1
+                step = 0
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
+                step = step + 1
+            mbarrier.arrive(empty.index(prev), pred=i > 0)  # MMA i - 1 has completed: its slot is free
+            prev = slot
+            slot = slot + 1
+            if slot == STAGES:
+                slot = 0
+                phase = phase ^ 1
+        tma.store_wait(pendings=0)
+
+    @gluon.jit(do_not_specialize=["M", "programs"])
+    def _ordered_chunks_ws_kernel(x_desc, w_desc, y_desc, M, N, programs,
+                                  C: gl.constexpr, STEPS: gl.constexpr, STAGES: gl.constexpr,
+                                  GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+        """`_ordered_chunks_kernel` with the TMA loads in a warp of their own (gl.warp_specialize): the
+        MMA warps then meet no CTA-wide barrier a K step (the one-partition form syncs every warp around
+        each load: Gluon's shared-memory hazard barriers)."""
+        BM: gl.constexpr = x_desc.block_type.shape[0]
+        BK: gl.constexpr = x_desc.block_type.shape[1]
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        pid = gl.program_id(0)
+        tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
+        total = gl.cdiv(tiles - pid, programs) * (C * STEPS)
+        a_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, BK], x_desc.layout)
+        b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for slot in gl.static_range(STAGES):
+            mbarrier.init(ready.index(slot), count=1)
+            mbarrier.init(empty.index(slot), count=1)
+        y_smem = gl.allocate_shared_memory(y_desc.dtype, [BM, BN], y_desc.layout)
+        gl.warp_specialize([
+            (_ws_consumer, (y_desc, a_bufs, b_bufs, ready, empty, y_smem, M, N, programs, total, C, STEPS, STAGES,
+                            GROUP_M, num_warps)),
+            (_ws_producer, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, M, N, programs, total, C * STEPS * BK,
+                            STAGES, GROUP_M)),
+        ], [1], [40])
+        for slot in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(slot))
+            mbarrier.invalidate(empty.index(slot))
+
+
 def _descriptor(t: torch.Tensor, block: list[int]):
     layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[t.dtype]))
     return TensorDescriptor.from_tensor(t, block, layout)
@@ -174,7 +283,8 @@ def launch(x2: torch.Tensor, w: torch.Tensor, y: torch.Tensor, chunks: int, k_ch
     m, n = x2.shape[0], w.shape[0]
     tiles = -(-m // bm) * -(-n // bn)
     grid = (min(tiles, sms * cfg.get("programs_per_sm", 1)),)
-    compiled = _ordered_chunks_kernel[grid](
+    kernel = _ordered_chunks_ws_kernel if cfg.get("warp_specialize") else _ordered_chunks_kernel
+    compiled = kernel[grid](
         _descriptor(x2, [bm, bk]), _descriptor(w, [bn, bk]), _descriptor(y, [bm, bn]), m, n, grid[0],
         C=chunks, STEPS=k_chunk // bk, STAGES=cfg["num_stages"], GROUP_M=cfg["GROUP_M"],
         num_warps=cfg["num_warps"], **options)

@@ -31,6 +31,12 @@ CONFIGS = {  # name -> plan override (kernels/gemm_gluon.py): each must give the
     "g128x64s4": dict(kind="gluon", BM=128, BN=64, GROUP_M=8, num_warps=8, num_stages=4),
     "g128x64s3x2": dict(kind="gluon", BM=128, BN=64, GROUP_M=8, num_warps=8, num_stages=3, programs_per_sm=2),
     "g64x128s4x2": dict(kind="gluon", BM=64, BN=128, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2),
+    # warp-specialized: one loading warp, the MMA warps meet no CTA-wide barrier around each load
+    "w128x128s4": dict(kind="gluon", warp_specialize=True, BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=4),
+    "w128x128s5": dict(kind="gluon", warp_specialize=True, BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=5),
+    "w128x128s6": dict(kind="gluon", warp_specialize=True, BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=6),
+    "w64x128s6": dict(kind="gluon", warp_specialize=True, BM=64, BN=128, GROUP_M=8, num_warps=4, num_stages=6),
+    "w128x64s6": dict(kind="gluon", warp_specialize=True, BM=128, BN=64, GROUP_M=8, num_warps=8, num_stages=6),
 }
 
 
