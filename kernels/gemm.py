@@ -227,6 +227,19 @@ against 0.61-0.84). `min_k_chunk`: the entry needs chunks at least this long. Wi
 the chunks go to their own programs (SPLIT)."""
 
 
+GLUON_ROW_PARALLEL = dict(BM=64, BN=128, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2)
+"""The ordered 4-chunk merge as kernels/gemm_gluon.py's kernel: 64 x 128 tiles of one warpgroup, two
+programs an SM, the loads running ahead across chunk ends. Taken on sm_90 where there are at least
+GLUON_FILL tiles an SM (one wave of two programs each) and a chunk is at most GLUON_MAX_K_CHUNK long. Measured
+on the H200 in two runs (lab/gluon_gemm_h200.py, lab/LOG.md 2026-12-03 session 17), cuBLAS / strict at
+M >= 1000: Gluon 0.68-0.92 against the Triton kernel's 0.65-0.96 in the same runs; it gains where chunks
+are short and there are many tiles (1.7b o M = 4096: 0.65 -> 0.76, 0.6b o M = 4096: 0.71 -> 0.82, 8b o
+M = 1024: 0.74 -> 0.82) and loses to the Triton kernel's 128 x 128 tiles where a chunk is 3072 long
+(8b down M = 8192: 0.89 against 0.78) or tiles are few (M = 256)."""
+GLUON_FILL = 1.9
+GLUON_MAX_K_CHUNK = 1536
+
+
 def _wave_efficiency(tiles: int, sms: int) -> float:
     """Busy fraction of the SMs over ceil(tiles / sms) waves of equal tiles."""
     return tiles / (_tr.cdiv(tiles, sms) * sms)
@@ -253,7 +266,9 @@ def plan(m: int, n: int, device: torch.device, override: dict | None = None, chu
     - 16 < M <= 64: swapped, 64 weight rows x 64 tokens (one token tile, so the weights stream once);
     - M > 64 on Hopper (bf16/fp16, chunks in TMA_CHUNKS, a chunk a whole number of K steps): the TMA
       kernel, persistent. One chain (C = 1): the TMA_TILES shape with the best tile efficiency x wave
-      efficiency. The 4-chunk merge: the first ROW_PARALLEL_TILES[merge] entry with enough tiles, else each chunk
+      efficiency. The 4-chunk ordered merge on sm_90 with many tiles and chunks of at most
+      GLUON_MAX_K_CHUNK: the Gluon kernel (GLUON_ROW_PARALLEL; `gluon=False` leaves it out). Otherwise the
+      first ROW_PARALLEL_TILES[merge] entry with enough tiles, else each chunk
       in its own program (SPLIT) on the largest TMA_TILES shape giving about two waves of programs;
     - otherwise: 128 x 256 pointer-load tiles, each K chunk in its own program (SPLIT)."""
     if override:
@@ -277,6 +292,11 @@ def plan(m: int, n: int, device: torch.device, override: dict | None = None, chu
             bm, bn, warps, stages, _ = max(
                 TMA_TILES, key=lambda t: t[4] * _wave_efficiency(_tr.cdiv(m, t[0]) * _tr.cdiv(n, t[1]), sms))
             return dict(kind="tma", BM=bm, BN=bn, GROUP_M=8, split=False, num_warps=warps, num_stages=stages)
+        if (gluon and merge == "sequential" and _gluon.AVAILABLE and traits is not None and traits.arch == "sm_90"
+                and k_chunk <= GLUON_MAX_K_CHUNK
+                and _tr.cdiv(m, GLUON_ROW_PARALLEL["BM"]) * _tr.cdiv(n, GLUON_ROW_PARALLEL["BN"])
+                >= GLUON_FILL * sms):
+            return dict(kind="gluon", **GLUON_ROW_PARALLEL)
         for cfg, fill in ROW_PARALLEL_TILES[merge]:
             cfg = dict(cfg)
             if (_tr.cdiv(m, cfg["BM"]) * _tr.cdiv(n, cfg["BN"]) >= fill * sms

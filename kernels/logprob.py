@@ -281,8 +281,10 @@ def _chunk_state(base, c, V, VC: tl.constexpr):
 
 
 @jit
-def _merge_and_pick(ms, ss, base, ids_ptr, out_ptr, row, LOG_NC: tl.constexpr, NC: tl.constexpr):
-    """The pairwise LSE tree over the NC chunk states, then logprob = logit[t] - lse."""
+def _merge_and_pick(ms, ss, base, ids_ptr, out_ptr, row, V, LOG_NC: tl.constexpr, NC: tl.constexpr):
+    """The pairwise LSE tree over the NC chunk states, then logprob = logit[t] - lse. An id outside
+    [0, V) is never read (NaN is written): the host check (`check_ids`) is skipped only for ids the caller
+    vouches for, and a wrong voucher must not become an out-of-bounds read."""
     for lvl in tl.static_range(LOG_NC):  # the pairwise tree over chunk states
         ma, mb = tl.split(tl.reshape(ms, (NC >> (lvl + 1), 2)))
         sa, sb = tl.split(tl.reshape(ss, (NC >> (lvl + 1), 2)))
@@ -291,7 +293,7 @@ def _merge_and_pick(ms, ss, base, ids_ptr, out_ptr, row, LOG_NC: tl.constexpr, N
     s_tot = tl.sum(ss, axis=0)
     lse = tl.where(m_tot == float("-inf"), m_tot, m_tot + tl.log(s_tot))
     t = tl.load(ids_ptr + row).to(tl.int64)
-    picked = tl.load(base + t)
+    picked = tl.load(base + t, mask=(t >= 0) & (t < V), other=float("nan"))
     out = tl.where(picked == float("-inf"), picked, picked - lse)
     tl.store(out_ptr + row, out)
 
@@ -325,7 +327,7 @@ def _logprob_rows_kernel(z_ptr, ids_ptr, out_ptr, ws_ptr, V, stride_z, VC: tl.co
             ws = ws_ptr + (row.to(tl.int64) * NC + cidx) * 2
             ms = tl.load(ws, mask=have, other=float("-inf"))
             ss = tl.load(ws + 1, mask=have, other=0.0)
-        _merge_and_pick(ms, ss, base, ids_ptr, out_ptr, row, LOG_NC, NC)
+        _merge_and_pick(ms, ss, base, ids_ptr, out_ptr, row, V, LOG_NC, NC)
 
 
 @jit

@@ -106,8 +106,11 @@ def compile_call(call: KernelCall, target: Target):
     backend = make_backend(target.gpu_target())
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, specialization, options = binder(*call.args, **call.kwargs)
-    options, signature, constexprs, attrs = fn._pack_args(backend, options, bound, specialization, options)
-    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target.gpu_target(),
+    options, signature, constexprs, attrs = fn._pack_args(backend, call.kwargs, bound, specialization, options)
+    source = ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel (kernels/gemm_gluon.py) is lowered by Gluon
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    return triton.compile(source(fn, signature, constexprs, attrs), target=target.gpu_target(),
                           options=options.__dict__)
 
 

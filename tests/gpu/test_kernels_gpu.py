@@ -97,6 +97,11 @@ CONFIGS = [
     dict(kind="tma", BM=128, BN=64, GROUP_M=8, split=False, num_warps=4, num_stages=4, programs_per_sm=2),
     dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=False, num_warps=4, num_stages=4, programs_per_sm=2),
     dict(kind="tma", flat=True, BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=3),
+    # the Gluon kernel of the ordered merge (kernels/gemm_gluon.py; other merges and C = 1 fall back to the
+    # plan without it): one partition two an SM (the plan's), 128 x 128, and the warp-specialized form
+    dict(kind="gluon", BM=64, BN=128, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2),
+    dict(kind="gluon", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=5),
+    dict(kind="gluon", warp_specialize=True, BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=5),
 ]
 ONE_CHAIN_ONLY = [dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3),
                   dict(kind="tma", flat=True, BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3)]
@@ -134,6 +139,27 @@ def test_gemm_signed_zero_sums_agree_across_configurations(row_parallel):
     for m in (1, 8, 300):  # the plans rlkit picks for a row alone, decode and prefill
         y = gemm.strict(x[:m] if m > 7 else x[7:8], w, C, row_parallel=row_parallel)
         assert_bitwise_equal(y, base[:m] if m > 7 else base[7:8], f"default plan, M={m}, signed zeros")
+
+
+@pytest.mark.parametrize("m, k, n", [(1000, 2048, 2048), (2048, 2048, 1024), (4097, 2048, 1024), (1000, 4096, 4096),
+                                     (4097, 4096, 4096)])
+def test_gemm_plan_runs_row_parallel_on_gluon_with_the_triton_kernels_bits(m, k, n):
+    """Where gemm.plan picks the Gluon kernel (sm_90, the ordered merge, many tiles, short chunks), its
+    bits are the Triton kernel's, the sign of zero included (x's row 7 is zero, weight row 5 negative:
+    every product -0), and the first rows alone equal the same rows inside the batch."""
+    x, w = randn(m, k, seed=27), randn(n, k, scale=0.02, seed=28)
+    x[7] = 0.0
+    w[5] = -w[5].abs() - 1e-3
+    y, launches = gemm.triton_launch(x, w, C, 1, torch.bfloat16, row_parallel=True)
+    kinds = [ln.kernel for ln in launches]
+    triton = gemm.triton_partial(x, w, C, 1, torch.bfloat16, row_parallel=True,
+                                 config=dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8,
+                                             num_stages=4))
+    print(f"M={m} K={k} N={n}: {kinds}, row 7 x weight row 5 = {y[7, 5].item()!r}")
+    assert kinds == ["gluon"], f"the plan took {kinds} at M={m} K={k} N={n}"
+    assert_bitwise_equal(y, triton, f"Gluon vs the Triton kernel, M={m} K={k} N={n}")
+    for rows in (1, 64, 300):
+        assert_bitwise_equal(gemm.strict(x[:rows], w, C, row_parallel=True), y[:rows], f"first {rows} rows alone")
 
 
 @pytest.mark.parametrize("m", [1, 64, 300, 2048])
@@ -221,9 +247,16 @@ def test_logprob_out_of_range_id_is_a_clear_error_not_a_device_fault():
         with pytest.raises(OpInputError, match="token ids must lie in"):
             logprob.triton_logprob(h, w, torch.tensor(bad, device=DEV), C)
     good = torch.tensor([0, 1, 4999, 2], device=DEV)
-    assert_bitwise_equal(logprob.triton_logprob(h, w, good, C),
-                         logprob.triton_from_logits(gemm.triton_partial(h, w, C, 1, torch.float32), good, C),
-                         "after the errors")
+    expected = logprob.triton_from_logits(gemm.triton_partial(h, w, C, 1, torch.float32), good, C)
+    assert_bitwise_equal(logprob.triton_logprob(h, w, good, C), expected, "after the errors")
+    # ids the caller vouches for skip the check (no device sync); a wrong voucher reads nothing out of
+    # bounds: NaN for that row, the other rows' bits unchanged, both kernel forms
+    z = gemm.triton_partial(h, w, C, 1, torch.float32)
+    for parallel in (False, True):
+        out = logprob.triton_from_logits(z, torch.tensor([0, 1, 5000, 2], device=DEV), C, parallel=parallel,
+                                         ids_in_range=True)
+        assert torch.isnan(out[2]), out
+        assert_bitwise_equal(out[[0, 1, 3]], expected[[0, 1, 3]], f"unchecked ids, parallel={parallel}")
 
 
 def test_logprob_close_fused_equals_engine_path_and_rows_invariant():

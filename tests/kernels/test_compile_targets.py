@@ -113,9 +113,11 @@ def test_the_h200_gemm_tile_does_not_fit_mi300x_and_the_gfx942_plan_does():
     assert res.error is not None and "asks 98304 bytes" in res.error and "MI300X gives a program 65536" in res.error
 
 
-def test_gemm_plan_follows_the_target():
-    """sm_90 gets the TMA kernel (one chain: 128 x 256 tiles at 4096 x 4096); gfx942 has no TMA and 64 KB
-    of LDS: pointer-load 128 x 128 tiles, 2 stages; without a GPU or the interpreter, pointer loads."""
+def test_gemm_plan_follows_the_target(monkeypatch):
+    """sm_90 gets the TMA kernel (one chain: 128 x 256 tiles at 4096 x 4096) and, for the row-parallel
+    ordered merge with many tiles and chunks of at most gemm.GLUON_MAX_K_CHUNK, the Gluon kernel (else the
+    Triton kernel's 128 x 128 tiles); gfx942 has no TMA and 64 KB of LDS: pointer-load 128 x 128 tiles, 2
+    stages; without a GPU or the interpreter, pointer loads."""
     dev = torch.device("cuda", 0)
     one_chain = dict(chunks=1, k_chunk=4096)
     with _tr.assume_gpu(GFX942.traits):
@@ -124,10 +126,21 @@ def test_gemm_plan_follows_the_target():
         nv = gemm.plan(4096, 4096, dev, **one_chain)
         nv_tree = gemm.plan(4096, 4096, dev, chunks=4, k_chunk=1024, merge="pairwise_tree")
         nv_fold = gemm.plan(4096, 4096, dev, chunks=4, k_chunk=1024, merge="sequential")
+        nv_long_chunks = gemm.plan(8192, 4096, dev, chunks=4, k_chunk=3072, merge="sequential")
+        nv_few_tiles = gemm.plan(1024, 1024, dev, chunks=4, k_chunk=512, merge="sequential")
+        nv_without = gemm.plan(4096, 4096, dev, chunks=4, k_chunk=1024, merge="sequential", gluon=False)
+        monkeypatch.setattr(gemm._gluon, "AVAILABLE", False)
+        nv_no_gluon = gemm.plan(4096, 4096, dev, chunks=4, k_chunk=1024, merge="sequential")
+    with _tr.assume_gpu(GFX942.traits):
+        amd_fold = gemm.plan(4096, 4096, dev, chunks=4, k_chunk=1024, merge="sequential")
     assert (amd["kind"], amd["BM"], amd["BN"], amd["num_stages"]) == ("tiles", 128, 128, 2)
     assert (nv["kind"], nv["BM"], nv["BN"], nv["num_stages"]) == ("tma", 128, 256, 3)
     assert (nv_tree["kind"], nv_tree["BM"], nv_tree["BN"], nv_tree["stash"]) == ("tma", 128, 128, 1)
-    assert (nv_fold["kind"], nv_fold["BM"], nv_fold["BN"], nv_fold.get("stash", 0)) == ("tma", 128, 128, 0)
+    assert nv_fold == dict(kind="gluon", **gemm.GLUON_ROW_PARALLEL)
+    for plan in (nv_long_chunks, nv_without, nv_no_gluon):
+        assert (plan["kind"], plan["BM"], plan["BN"], plan.get("stash", 0)) == ("tma", 128, 128, 0), plan
+    assert nv_few_tiles["kind"] == "tma", nv_few_tiles
+    assert amd_fold["kind"] == "tiles", amd_fold
     assert gemm.plan(4096, 4096, torch.device("cpu"), **one_chain)["kind"] == "tiles"
     assert _tr.sm_count(torch.device("cpu")) == 4  # the assumption ended with its block
 
