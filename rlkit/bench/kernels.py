@@ -510,7 +510,8 @@ def _render_gemm(rows: list[dict]) -> list[str]:
                 f"Lowest vs cuBLAS: {min(ratios):.2f} (target >= 0.90)"
                 + (f"; lowest vs batch_invariant_ops: {min(vs_tm):.2f} (target >= 1.0)" if vs_tm else "")
                 + ". o and down are row-parallel (4 K chunks, merged as the contract says: in order under v5; the Triton "
-                "kernel), the rest one chain over K (on cuBLAS without split-K where the route admits the shape: the "
+                "kernel, or on sm_90 with many tiles and chunks <= 1536 the Gluon kernel of kernels/gemm_gluon.py: the "
+                "same bits), the rest one chain over K (on cuBLAS without split-K where the route admits the shape: the "
                 "Triton kernel's bits, checked; kernels/gemm_cublas.py). cuBLAS is timed at torch's defaults.", "",
                 "| M | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         for m in ms:
@@ -612,9 +613,12 @@ def render(rows: list[dict]) -> str:
             continue
         out += [f"## {title}", "", "| shape | impl | metric | value | strict ms | native ms |", "|---|---|---|---|---|---|"]
         for r in sel:
-            ms_s = _get(rows, op, "strict", r["shape"], "ms")
+            # a strict variant's row (strict_row_programs, strict_kernels_without_id_check, ...) shows its own
+            # time in the strict column ("-" where it recorded none) and the native baseline beside it
+            variant = r["impl"].startswith("strict_")
+            ms_s = _get(rows, op, r["impl"] if variant else "strict", r["shape"], "ms")
             want = ("native_paged" if r["metric"] == "ratio_vs_native_paged"
-                    else r["impl"] if r["impl"] != "strict" else None)
+                    else r["impl"] if r["impl"] != "strict" and not variant else None)
             ms_n = next((x["median"] for x in rows if x["op"] == op and x["shape"] == r["shape"]
                          and x["metric"] == "ms" and x["impl"] not in ("strict", "native_no_workspace")
                          and (x["impl"] == want or (want is None and x["impl"] != "native_paged"))), None)
