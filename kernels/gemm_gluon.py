@@ -10,13 +10,15 @@ Gluon lets the kernel say what Triton's pipeliner could not: TMA loads run STAGE
 the MMAs across chunk and tile boundaries (the K position of a tile's step j is j * BK whatever its
 chunk), the MMAs keep one in flight (wait for all only at a chunk's end, where its sum is added to the
 running total), and the finished tile's TMA store overlaps the next tile's loads. Each chunk is still the
-same chain (warpgroup MMAs of k16 steps in K order from a +0 accumulator, as the Triton kernels start it:
-an all -0 chunk sums to +0 in both), and the chunk sums still meet in the same order: the same bits as every other launch of the plan
-(tests/gpu/test_kernels_gpu.py checks it).
+same chain (warpgroup MMAs of k16 steps in K order from a +0 accumulator, as the Triton kernels start
+it: an all -0 chunk sums to +0 in both), and the chunk sums still meet in the same order: the same bits
+as every other launch of the plan (tests/gpu/test_kernels_gpu.py checks it). Two forms: one partition
+(the plan's, 64 x 128 tiles two an SM) and a warp-specialized one (a loading warp; measured no faster:
+lab/KERNELS_NOTES.md).
 
 Device code and its launcher only; `kernels/gemm.py` decides when it runs (`plan`). Gluon is Triton's
-experimental lower-level language (triton.experimental.gluon, Triton >= 3.5 on sm_90); without it
-`AVAILABLE` is False and the plan never picks this kernel.
+lower-level language (triton.experimental.gluon: Triton 3.6 on the H200, 3.7 in the compile check here);
+without it `AVAILABLE` is False and the plan never picks this kernel.
 """
 
 from __future__ import annotations
@@ -73,6 +75,39 @@ if AVAILABLE:
             off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
         return slot, k0, tile, off_m, off_n
 
+    @gluon.jit
+    def _mma_step(a, b, acc, tot, step, chunk, tile, y_desc, y_smem, programs, M, N, C: gl.constexpr,
+                  STEPS: gl.constexpr, GROUP_M: gl.constexpr, mma_layout: gl.constexpr):
+        """One K step of the MMA warps: acc += a @ b (asynchronously, one MMA left in flight), and at a
+        chunk's last step the chunk sum added to the tile's running sum in chunk order (the accumulator
+        reset to +0 for the next chain), at the tile's last the rounded tile stored by TMA (after the
+        previous tile's store has read y_smem). Returns (acc, tot, step, chunk, tile) for the next step."""
+        BM: gl.constexpr = y_desc.block_type.shape[0]
+        BN: gl.constexpr = y_desc.block_type.shape[1]
+        pending = warpgroup_mma(a, b, acc, is_async=True)
+        if step == STEPS - 1:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
+            if chunk == 0:
+                tot = acc
+            else:
+                tot = tot + acc
+            acc = gl.zeros((BM, BN), gl.float32, mma_layout)
+            if chunk == C - 1:
+                off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
+                tma.store_wait(pendings=0)
+                y_smem.store(tot.to(y_desc.dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(y_desc, [off_m, off_n], y_smem)
+                tile = tile + programs
+                chunk = 0
+            else:
+                chunk = chunk + 1
+            step = 0
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
+            step = step + 1
+        return acc, tot, step, chunk, tile
+
     @gluon.jit(do_not_specialize=["M", "programs"])
     def _ordered_chunks_kernel(x_desc, w_desc, y_desc, M, N, programs,
                                C: gl.constexpr, STEPS: gl.constexpr, STAGES: gl.constexpr,
@@ -116,28 +151,9 @@ if AVAILABLE:
         tile = pid
         for i in range(total):
             mbarrier.wait(ready.index(slot), phase)
-            pending = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, is_async=True)
-            if step == STEPS - 1:  # the chunk's chain is complete: add it to the tile's running sum
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
-                if chunk == 0:
-                    tot = acc
-                else:
-                    tot = tot + acc
-                acc = gl.zeros((BM, BN), gl.float32, mma_layout)  # the next chunk's chain starts from +0
-                if chunk == C - 1:
-                    off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
-                    tma.store_wait(pendings=0)  # the previous tile's store has read y_smem
-                    y_smem.store(tot.to(y_desc.dtype))
-                    fence_async_shared()
-                    tma.async_copy_shared_to_global(y_desc, [off_m, off_n], y_smem)
-                    tile = tile + programs
-                    chunk = 0
-                else:
-                    chunk = chunk + 1
-                step = 0
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
-                step = step + 1
+            acc, tot, step, chunk, tile = _mma_step(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, tot,
+                                                    step, chunk, tile, y_desc, y_smem, programs, M, N, C, STEPS,
+                                                    GROUP_M, mma_layout)
             # the producer's slot is (i - 1) % STAGES: its MMA has completed (at most MMA i is in flight)
             _load(i + STAGES - 1 < total, p_slot, p_m, p_n, p_k, x_desc, w_desc, a_bufs, b_bufs, ready)
             p_slot, p_k, p_tile, p_m, p_n = _next_step(p_slot, p_k, p_tile, p_m, p_n, programs, M, N, K,
@@ -198,28 +214,9 @@ if AVAILABLE:
         tile = gl.program_id(0)
         for i in range(total):
             mbarrier.wait(ready.index(slot), phase)
-            pending = warpgroup_mma(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, is_async=True)
-            if step == STEPS - 1:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
-                if chunk == 0:
-                    tot = acc
-                else:
-                    tot = tot + acc
-                acc = gl.zeros((BM, BN), gl.float32, mma_layout)
-                if chunk == C - 1:
-                    off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
-                    tma.store_wait(pendings=0)
-                    y_smem.store(tot.to(y_desc.dtype))
-                    fence_async_shared()
-                    tma.async_copy_shared_to_global(y_desc, [off_m, off_n], y_smem)
-                    tile = tile + programs
-                    chunk = 0
-                else:
-                    chunk = chunk + 1
-                step = 0
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=1, deps=(pending,))
-                step = step + 1
+            acc, tot, step, chunk, tile = _mma_step(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, tot,
+                                                    step, chunk, tile, y_desc, y_smem, programs, M, N, C, STEPS,
+                                                    GROUP_M, mma_layout)
             mbarrier.arrive(empty.index(prev), pred=i > 0)  # MMA i - 1 has completed: its slot is free
             prev = slot
             slot = slot + 1
@@ -267,9 +264,9 @@ def _descriptor(t: torch.Tensor, block: list[int]):
 
 def supported(x2: torch.Tensor, w: torch.Tensor, y: torch.Tensor, chunks: int, k_chunk: int, bk: int,
               bm: int) -> bool:
-    """What this kernel runs: bf16/fp16 operands and output, TMA-aligned rows, chunks of whole K steps,
-    at least one row tile (a TMA box never exceeds the tensor)."""
-    return (AVAILABLE and x2.dtype in _GL_DTYPES and w.dtype == x2.dtype and y.dtype == x2.dtype
+    """What this kernel runs: CUDA tensors (Gluon has no interpreter), bf16/fp16 operands and output,
+    TMA-aligned rows, chunks of whole K steps, at least one row tile (a TMA box never exceeds the tensor)."""
+    return (AVAILABLE and x2.is_cuda and x2.dtype in _GL_DTYPES and w.dtype == x2.dtype and y.dtype == x2.dtype
             and k_chunk % bk == 0 and k_chunk > 0 and x2.shape[0] >= bm
             and all(t.data_ptr() % 16 == 0 and t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0
                     for t in (x2, w, y)))
@@ -278,7 +275,9 @@ def supported(x2: torch.Tensor, w: torch.Tensor, y: torch.Tensor, chunks: int, k
 def launch(x2: torch.Tensor, w: torch.Tensor, y: torch.Tensor, chunks: int, k_chunk: int, bk: int,
            cfg: dict, sms: int, options: dict):
     """y = x2 @ w.T over `chunks` chunks of `k_chunk`, added in chunk order (contract v5), rounded once to
-    y's dtype. `cfg`: BM, BN, STAGES (num_stages), GROUP_M, num_warps. Returns the compiled kernel and grid."""
+    y's dtype. `cfg`: BM, BN, num_stages (the ring's slots), GROUP_M, num_warps, and optionally
+    programs_per_sm (the persistent grid's programs an SM) and warp_specialize. Returns the compiled kernel
+    and the grid."""
     bm, bn = cfg["BM"], cfg["BN"]
     m, n = x2.shape[0], w.shape[0]
     tiles = -(-m // bm) * -(-n // bn)

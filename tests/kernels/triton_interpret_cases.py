@@ -155,6 +155,20 @@ def test_gemm_tma_kernel_persistent_and_split(row_parallel, n, contract):
             assert_bitwise_equal(halves[0] + halves[1], ref, f"two shards' own merges added, {cfg} (exact inputs)")
 
 
+def test_gemm_gluon_override_runs_the_triton_kernel_where_gluon_cannot():
+    """A Gluon launch configuration (kernels/gemm_gluon.py) on CPU tensors under the interpreter, with
+    fp32 output, or with contract v4's tree (none of which the Gluon kernel runs): the launcher falls back
+    to the plan without it, so the result is the default plan's, from a Triton kernel."""
+    from rlkit.kernels import gemm
+    x, w = exact(130, 512, seed=15).half(), exact(136, 512, seed=16).half()
+    gluon = dict(kind="gluon", BM=64, BN=128, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2)
+    for contract, out in ((C, torch.float16), (C, torch.float32), (V4, torch.float16)):
+        y, launches = gemm.triton_launch(x, w, contract, 1, out, config=gluon, row_parallel=True)
+        base = gemm.triton_partial(x, w, contract, 1, out, row_parallel=True)
+        assert launches and all(ln.kernel != "gluon" for ln in launches), [ln.kernel for ln in launches]
+        assert_bitwise_equal(y, base, f"Gluon override fell back ({contract.name}, {out})")
+
+
 # -- RMSNorm, SwiGLU, RoPE ----------------------------------------------------------------------------
 @pytest.mark.parametrize("weight_multiply", ["model_dtype", "float32"])
 @pytest.mark.parametrize("h", [128, 300])
