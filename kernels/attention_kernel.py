@@ -58,6 +58,13 @@ attention_tune "unmasked"): prefill 0.83 / 0.84 / 0.82 of SDPA flash at S = 1k /
 0.72 / 0.69 with masks on every block, paged decode at B = 64 1.07 / 1.03 of the native control's against
 0.94 / 0.91; the same bits in all nine timed shapes and in tests/gpu's every-decode-position test (2,000
 decode positions fused and split, and both prefills, against the masked kernel)."""
+UNMASKED_FULL_SPLIT = False
+"""Whether the split-parallel decode (few sequences: a sequence's splits in programs of their own) runs
+the whole blocks without masks too. No: in the same H200 run as UNMASKED_FULL's numbers (6e92a98,
+lab/bench/h200-2026-12-01-v5/{bench,attention-unmasked}-6e92a98.jsonl), against the native control's
+paged decode, masked / unmasked: B = 1 ctx 1k 3.01 / 1.31, ctx 8k 1.08 / 0.72; B = 16 ctx 1k 1.19 / 1.18,
+ctx 8k 0.81 / 0.79 (a split is 256 positions, so a tile sees few whole blocks and the unmasked branch
+costs more than it saves). The same bits either way (tests/gpu: every decode position, both forms)."""
 MAX_SLOTS = 8
 """Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
 
@@ -323,12 +330,10 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
     `tile` (rows, warps): None = `tile_for(contract, ...)`; the benchmarks, the tests (every tile gives
     the same bits under v4) and the native control's paged decode pass their own. `stages`: the
     software pipeline's depth over the key blocks (None: Triton's default); it moves no bit.
-    `unmasked_full`: run the key blocks a tile sees whole without masks (None: UNMASKED_FULL); it moves
-    no bit either (`_block_step`)."""
-    if unmasked_full is None:
-        unmasked_full = UNMASKED_FULL
+    `unmasked_full`: run the key blocks a tile sees whole without masks (None: UNMASKED_FULL, or
+    UNMASKED_FULL_SPLIT in the split-parallel decode); it moves no bit either (`_block_step`)."""
     key = (tuple(q_shape), tuple(k.shape), tuple(k.stride()), contract.attention, mode, str(k.device), tile, stages,
-           unmasked_full)
+           unmasked_full if unmasked_full is not None else (UNMASKED_FULL, UNMASKED_FULL_SPLIT))
     hit = _PLAN_CACHE.get(layout)
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -383,6 +388,8 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
     plan["mode"] = mode
     plan["block_m"], plan["num_warps"] = tile
     plan["num_stages"] = stages
+    if unmasked_full is None:
+        unmasked_full = UNMASKED_FULL_SPLIT if mode == "split" else UNMASKED_FULL
     plan["unmasked_full"] = unmasked_full
     _PLAN_CACHE[layout] = (key, plan)
     return plan

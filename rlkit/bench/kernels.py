@@ -210,7 +210,7 @@ def _attention_contracts():
 def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 64), contexts=(1024, 8192),
                     tune: bool = False) -> None:
     from rlkit import NumericsContract
-    from rlkit.kernels import attention, attention_kernel
+    from rlkit.kernels import attention
     from rlkit.types import AttentionLayout
 
     c = NumericsContract.default()
@@ -244,7 +244,7 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
             t = _bench(lambda: attention.launch(splan, q, k, v, c))
             rec.add("attention_tune", f"stages{stages}", shape, "ratio_vs_native", t_nat / t)
         if tune:  # the key blocks a tile sees whole without masks (the same bits: checked here too)
-            uplan = attention.attention_plan(q.shape, k, lay, c, unmasked_full=not attention_kernel.UNMASKED_FULL)
+            uplan = attention.attention_plan(q.shape, k, lay, c, plan["mode"], unmasked_full=not plan["unmasked_full"])
             same = torch.equal(attention.launch(uplan, q, k, v, c)[0], attention.launch(plan, q, k, v, c)[0])
             t = _bench(lambda: attention.launch(uplan, q, k, v, c))
             name = "unmasked" if uplan["unmasked_full"] else "masked"
@@ -293,7 +293,8 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
                 t = _bench(lambda: attention.launch(oplan, q, kc, vc, oc))
                 rec.add("attention_tune", name, shape, "ratio_vs_native_paged", t_paged / t)
             if tune:
-                uplan = attention.attention_plan(q.shape, kc, lay, c, unmasked_full=not attention_kernel.UNMASKED_FULL)
+                uplan = attention.attention_plan(q.shape, kc, lay, c, plan["mode"],
+                                                 unmasked_full=not plan["unmasked_full"])
                 same = torch.equal(attention.launch(uplan, q, kc, vc, c)[0], attention.launch(plan, q, kc, vc, c)[0])
                 t = _bench(lambda: attention.launch(uplan, q, kc, vc, c))
                 name = "unmasked" if uplan["unmasked_full"] else "masked"

@@ -420,15 +420,19 @@ def test_attention_every_decode_position_equals_prefill(contract, group):
     for mode in ("fused", "split"):
         assert_bitwise_equal(attention.triton_attention(q, cache.k, cache.v, lay, contract, mode), want,
                              f"{len(rows)} decode positions ({mode}) vs prefill")
-        # the key blocks a tile sees whole, without masks: the same values (attention_kernel._block_step)
-        plan = attention.attention_plan(q.shape, cache.k, lay, contract, mode, unmasked_full=True)
-        assert_bitwise_equal(attention.launch(plan, q, cache.k, cache.v, contract)[0], want,
-                             f"{len(rows)} decode positions ({mode}, unmasked full blocks) vs prefill")
+        # the key blocks a tile sees whole, with and without masks: the same values
+        # (attention_kernel._block_step; the plan takes one form for prefill and fused decode, the other
+        # for the split-parallel decode)
+        for unmasked in (False, True):
+            plan = attention.attention_plan(q.shape, cache.k, lay, contract, mode, unmasked_full=unmasked)
+            assert_bitwise_equal(attention.launch(plan, q, cache.k, cache.v, contract)[0], want,
+                                 f"{len(rows)} decode positions ({mode}, unmasked full blocks {unmasked}) vs prefill")
     for sid, (sq, sk, sv) in seqs.items():
         lay = AttentionLayout.prefill(torch.tensor([0, len(sq)], device=DEV))
-        plan = attention.attention_plan(sq.shape, sk, lay, contract, unmasked_full=True)
-        assert_bitwise_equal(attention.launch(plan, sq, sk, sv, contract)[0], full[sid],
-                             f"prefill with unmasked full blocks vs the default ({sid})")
+        for unmasked in (False, True):
+            plan = attention.attention_plan(sq.shape, sk, lay, contract, unmasked_full=unmasked)
+            assert_bitwise_equal(attention.launch(plan, sq, sk, sv, contract)[0], full[sid],
+                                 f"prefill, unmasked full blocks {unmasked}, vs the default ({sid})")
 
 
 def test_attention_native_decode_differs_from_prefill():

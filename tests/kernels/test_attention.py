@@ -191,6 +191,25 @@ def test_launch_plan_cache_keys_the_layout_weakly():
     assert len(attention_kernel._PLAN_CACHE) == n - 1
 
 
+def test_plan_runs_whole_blocks_unmasked_except_in_the_split_decode():
+    """Prefill and the fused decode run the key blocks a tile sees whole without masks
+    (attention_kernel.UNMASKED_FULL), the split-parallel decode with them (UNMASKED_FULL_SPLIT: faster
+    there on the H200); an explicit choice is kept. The two forms give the same bits (tests/gpu)."""
+    c = NumericsContract.default()
+    q, k = torch.randn(10, 4, 16), torch.randn(10, 2, 16)
+    prefill = AttentionLayout.prefill(torch.tensor([0, 4, 10]))
+    assert attention.attention_plan(q.shape, k, prefill, c)["unmasked_full"] is attention_kernel.UNMASKED_FULL is True
+    pages = torch.randn(8, 16, 2, 16)
+    decode = AttentionLayout.paged_decode(torch.tensor([700, 30]), torch.arange(2 * 44).reshape(2, 44) % 8)
+    dq = torch.randn(2, 4, 16)
+    split = attention.attention_plan(dq.shape, pages, decode, c, mode="split")
+    fused = attention.attention_plan(dq.shape, pages, decode, c, mode="fused")
+    assert (split["mode"], split["unmasked_full"]) == ("split", attention_kernel.UNMASKED_FULL_SPLIT)
+    assert attention_kernel.UNMASKED_FULL_SPLIT is False
+    assert (fused["mode"], fused["unmasked_full"]) == ("fused", True)
+    assert attention.attention_plan(dq.shape, pages, decode, c, mode="split", unmasked_full=True)["unmasked_full"]
+
+
 def test_paged_key_rows_pack_each_sequences_keys_in_position_order():
     """The native paged prefill's gather (one index_select over the flattened cache): segment i of the
     packed keys is sequence i's keys at positions 0..context-1, the values `gather_keys` reads page by

@@ -375,12 +375,13 @@ def test_attention_v4_tiles_cover_the_same_queries():
 
 @pytest.fixture(params=[False, True], ids=["masked", "unmasked_full"])
 def unmasked_full(request):
-    """Plans with and without the unmasked path for the key blocks a tile sees whole."""
+    """Plans with and without the unmasked path for the key blocks a tile sees whole (every mode: the
+    split-parallel decode's own default too)."""
     from rlkit.kernels import attention_kernel
-    saved = attention_kernel.UNMASKED_FULL
-    attention_kernel.UNMASKED_FULL = request.param
+    saved = attention_kernel.UNMASKED_FULL, attention_kernel.UNMASKED_FULL_SPLIT
+    attention_kernel.UNMASKED_FULL = attention_kernel.UNMASKED_FULL_SPLIT = request.param
     yield request.param
-    attention_kernel.UNMASKED_FULL = saved
+    attention_kernel.UNMASKED_FULL, attention_kernel.UNMASKED_FULL_SPLIT = saved
 
 
 @pytest.mark.parametrize("version", ATT_CONTRACTS)
