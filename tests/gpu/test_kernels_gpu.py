@@ -142,10 +142,10 @@ def test_gemm_signed_zero_sums_agree_across_configurations(row_parallel):
 
 
 @pytest.mark.parametrize("m, k, n", [(1000, 2048, 2048), (2048, 2048, 1024), (4097, 2048, 1024), (1000, 4096, 4096),
-                                     (4097, 4096, 4096)])
+                                     (4097, 4096, 4096), (2048, 2048, 1000)])
 def test_gemm_plan_runs_row_parallel_on_gluon_with_the_triton_kernels_bits(m, k, n):
     """Where gemm.plan picks the Gluon kernel (sm_90, the ordered merge, many tiles, short chunks), its
-    bits are the Triton kernel's, the sign of zero included (x's row 7 is zero, weight row 5 negative:
+    bits are the Triton kernel's (M and N both off the tile grid too), the sign of zero included (x's row 7 is zero, weight row 5 negative:
     every product -0), and the first rows alone equal the same rows inside the batch."""
     x, w = randn(m, k, seed=27), randn(n, k, scale=0.02, seed=28)
     x[7] = 0.0
