@@ -257,9 +257,21 @@ if AVAILABLE:
             mbarrier.invalidate(empty.index(slot))
 
 
-def _descriptor(t: torch.Tensor, block: list[int]):
-    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[t.dtype]))
-    return TensorDescriptor.from_tensor(t, block, layout)
+def descriptor(base, shape: list[int], strides: list[int], block: list[int]):
+    """A host TMA descriptor of a 2-D tensor (or of a stand-in with its dtype: the compile check's
+    MockTensor), in the shared-memory layout the kernel's MMAs read."""
+    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[base.dtype]))
+    return TensorDescriptor(base, list(shape), list(strides), block, layout)
+
+
+def kernel_call(cfg: dict, x_desc, w_desc, y_desc, m: int, n: int, programs: int, chunks: int, k_chunk: int,
+                bk: int, options: dict):
+    """(kernel, args, kwargs) of one launch: the one-partition or the warp-specialized form, as `cfg`
+    says. `launch` makes it; rlkit/bench/compile_plans.py compiles the same call for sm_90."""
+    kernel = _ordered_chunks_ws_kernel if cfg.get("warp_specialize") else _ordered_chunks_kernel
+    kwargs = dict(C=chunks, STEPS=k_chunk // bk, STAGES=cfg["num_stages"], GROUP_M=cfg["GROUP_M"],
+                  num_warps=cfg["num_warps"], **options)
+    return kernel, (x_desc, w_desc, y_desc, m, n, programs), kwargs
 
 
 def supported(x2: torch.Tensor, w: torch.Tensor, y: torch.Tensor, chunks: int, k_chunk: int, bk: int,
@@ -282,9 +294,6 @@ def launch(x2: torch.Tensor, w: torch.Tensor, y: torch.Tensor, chunks: int, k_ch
     m, n = x2.shape[0], w.shape[0]
     tiles = -(-m // bm) * -(-n // bn)
     grid = (min(tiles, sms * cfg.get("programs_per_sm", 1)),)
-    kernel = _ordered_chunks_ws_kernel if cfg.get("warp_specialize") else _ordered_chunks_kernel
-    compiled = kernel[grid](
-        _descriptor(x2, [bm, bk]), _descriptor(w, [bn, bk]), _descriptor(y, [bm, bn]), m, n, grid[0],
-        C=chunks, STEPS=k_chunk // bk, STAGES=cfg["num_stages"], GROUP_M=cfg["GROUP_M"],
-        num_warps=cfg["num_warps"], **options)
-    return compiled, grid
+    descs = [descriptor(t, t.shape, t.stride(), block) for t, block in ((x2, [bm, bk]), (w, [bn, bk]), (y, [bm, bn]))]
+    kernel, args, kwargs = kernel_call(cfg, *descs, m, n, grid[0], chunks, k_chunk, bk, options)
+    return kernel[grid](*args, **kwargs), grid

@@ -171,20 +171,14 @@ def _gemm_tma(cfg: dict, s: GemmShape, contract: NumericsContract):
 def _gemm_gluon(cfg: dict, s: GemmShape, contract: NumericsContract):
     """The row-parallel ordered merge as kernels/gemm_gluon.py launches it (sm_90 only: gemm.plan never
     picks it elsewhere, so the kernel is not in KERNEL_MODULES' every-target coverage rule)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from rlkit.kernels import gemm_gluon
 
-    def desc(dtype, rows, cols, block):
-        layout = gemm_gluon.gl.NVMMASharedLayout.get_default_for(block, getattr(gemm_gluon.gl, gemm_gluon._GL_DTYPES[dtype]))
-        return TensorDescriptor(_t(dtype), [rows, cols], [cols, 1], block, layout)
-
     bm, bn, bk = cfg["BM"], cfg["BN"], contract.gemm.k_tile
-    args = (desc(s.x_dtype, s.m, s.k, [bm, bk]), desc(s.x_dtype, s.n, s.k, [bn, bk]),
-            desc(s.out_dtype, s.m, s.n, [bm, bn]), s.m, s.n, 132 * cfg.get("programs_per_sm", 1))
-    kernel = gemm_gluon._ordered_chunks_ws_kernel if cfg.get("warp_specialize") else gemm_gluon._ordered_chunks_kernel
-    kw = dict(C=s.chunks, STEPS=s.k // s.chunks // bk, STAGES=cfg["num_stages"], GROUP_M=cfg["GROUP_M"],
-              num_warps=cfg["num_warps"], **_tr.launch_options(contract))
+    descs = [gemm_gluon.descriptor(_t(dtype), [rows, cols], [cols, 1], block)
+             for dtype, rows, cols, block in ((s.x_dtype, s.m, s.k, [bm, bk]), (s.x_dtype, s.n, s.k, [bn, bk]),
+                                              (s.out_dtype, s.m, s.n, [bm, bn]))]
+    kernel, args, kw = gemm_gluon.kernel_call(cfg, *descs, s.m, s.n, 132 * cfg.get("programs_per_sm", 1), s.chunks,
+                                              s.k // s.chunks, bk, _tr.launch_options(contract))
     return [("gluon", kernel, args, kw)]
 
 
