@@ -59,21 +59,34 @@ if AVAILABLE:
         tma.async_copy_global_to_shared(x_desc, [off_m, k0], bar, a_bufs.index(slot), pred)
         tma.async_copy_global_to_shared(w_desc, [off_n, k0], bar, b_bufs.index(slot), pred)
 
+    @gluon.constexpr_function
+    def _mma_layout(bn, warps):
+        """The accumulator's layout: each warp 16 rows of the tile, the whole BN wide (m64nBNk16
+        warpgroup MMAs)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, bn, 16])
+
     @gluon.jit
-    def _next_step(slot, k0, tile, off_m, off_n, programs, M, N, K: gl.constexpr, STAGES: gl.constexpr,
-                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
-        """The producer's next K step: the next ring slot, and the next K offset, or the first of this
-        program's next tile (its origin computed once a tile, not once a step: integer division by a
-        runtime value costs tens of instructions)."""
+    def _next_slot(slot, phase, STAGES: gl.constexpr):
+        """The next slot of the ring, and the mbarrier phase parity it is on (flips at each wrap)."""
         slot = slot + 1
         if slot == STAGES:
             slot = 0
+            phase = phase ^ 1
+        return slot, phase
+
+    @gluon.jit
+    def _next_step(slot, phase, k0, tile, off_m, off_n, programs, M, N, K: gl.constexpr, STAGES: gl.constexpr,
+                   BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GROUP_M: gl.constexpr):
+        """The producer's next K step: the next ring slot (and its phase), and the next K offset, or the
+        first of this program's next tile (its origin computed once a tile, not once a step: integer
+        division by a runtime value costs tens of instructions)."""
+        slot, phase = _next_slot(slot, phase, STAGES)
         k0 = k0 + BK
         if k0 == K:
             k0 = 0
             tile = tile + programs
             off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
-        return slot, k0, tile, off_m, off_n
+        return slot, phase, k0, tile, off_m, off_n
 
     @gluon.jit
     def _mma_step(a, b, acc, tot, step, chunk, tile, y_desc, y_smem, programs, M, N, C: gl.constexpr,
@@ -129,21 +142,20 @@ if AVAILABLE:
             mbarrier.init(ready.index(slot), count=1)
         y_smem = gl.allocate_shared_memory(y_desc.dtype, [BM, BN], y_desc.layout)
 
-        # each warp 16 rows of the tile, the whole BN wide: m64nBNk16 warpgroup MMAs
-        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                             instr_shape=[16, BN, 16])
+        mma_layout: gl.constexpr = _mma_layout(BN, num_warps)
         acc = gl.zeros((BM, BN), gl.float32, mma_layout)
         tot = gl.zeros((BM, BN), gl.float32, mma_layout)
 
         # the producer runs STAGES - 1 K steps ahead of the MMAs, across chunk and tile ends
         p_slot = 0
+        p_phase = 0  # the producer waits on no barrier here: its phase is carried but not read
         p_k = 0
         p_tile = pid
         p_m, p_n = _tile_origin(pid, M, N, BM, BN, GROUP_M)
         for j in gl.static_range(STAGES - 1):
             _load(j < total, p_slot, p_m, p_n, p_k, x_desc, w_desc, a_bufs, b_bufs, ready)
-            p_slot, p_k, p_tile, p_m, p_n = _next_step(p_slot, p_k, p_tile, p_m, p_n, programs, M, N, K,
-                                                       STAGES, BM, BN, BK, GROUP_M)
+            p_slot, p_phase, p_k, p_tile, p_m, p_n = _next_step(p_slot, p_phase, p_k, p_tile, p_m, p_n, programs,
+                                                                M, N, K, STAGES, BM, BN, BK, GROUP_M)
         slot = 0
         phase = 0
         step = 0
@@ -156,12 +168,9 @@ if AVAILABLE:
                                                     GROUP_M, mma_layout)
             # the producer's slot is (i - 1) % STAGES: its MMA has completed (at most MMA i is in flight)
             _load(i + STAGES - 1 < total, p_slot, p_m, p_n, p_k, x_desc, w_desc, a_bufs, b_bufs, ready)
-            p_slot, p_k, p_tile, p_m, p_n = _next_step(p_slot, p_k, p_tile, p_m, p_n, programs, M, N, K,
-                                                       STAGES, BM, BN, BK, GROUP_M)
-            slot = slot + 1
-            if slot == STAGES:
-                slot = 0
-                phase = phase ^ 1
+            p_slot, p_phase, p_k, p_tile, p_m, p_n = _next_step(p_slot, p_phase, p_k, p_tile, p_m, p_n, programs,
+                                                                M, N, K, STAGES, BM, BN, BK, GROUP_M)
+            slot, phase = _next_slot(slot, phase, STAGES)
         tma.store_wait(pendings=0)
         for slot in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(slot))
@@ -184,15 +193,8 @@ if AVAILABLE:
         for j in range(total):
             mbarrier.wait(empty.index(slot), phase ^ 1)  # a fresh barrier's previous phase counts as complete
             _load(True, slot, off_m, off_n, k0, x_desc, w_desc, a_bufs, b_bufs, ready)
-            k0 = k0 + BK
-            if k0 == K:
-                k0 = 0
-                tile = tile + programs
-                off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
-            slot = slot + 1
-            if slot == STAGES:
-                slot = 0
-                phase = phase ^ 1
+            slot, phase, k0, tile, off_m, off_n = _next_step(slot, phase, k0, tile, off_m, off_n, programs, M, N,
+                                                             K, STAGES, BM, BN, BK, GROUP_M)
 
     @gluon.jit
     def _ws_consumer(y_desc, a_bufs, b_bufs, ready, empty, y_smem, M, N, programs, total,
@@ -202,8 +204,7 @@ if AVAILABLE:
         `_ordered_chunks_kernel`; each slot is released to the loader once its MMA has completed."""
         BM: gl.constexpr = a_bufs.shape[1]
         BN: gl.constexpr = b_bufs.shape[1]
-        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                             instr_shape=[16, BN, 16])
+        mma_layout: gl.constexpr = _mma_layout(BN, WARPS)
         acc = gl.zeros((BM, BN), gl.float32, mma_layout)
         tot = gl.zeros((BM, BN), gl.float32, mma_layout)
         slot = 0
@@ -219,10 +220,7 @@ if AVAILABLE:
                                                     GROUP_M, mma_layout)
             mbarrier.arrive(empty.index(prev), pred=i > 0)  # MMA i - 1 has completed: its slot is free
             prev = slot
-            slot = slot + 1
-            if slot == STAGES:
-                slot = 0
-                phase = phase ^ 1
+            slot, phase = _next_slot(slot, phase, STAGES)
         tma.store_wait(pendings=0)
 
     @gluon.jit(do_not_specialize=["M", "programs"])
