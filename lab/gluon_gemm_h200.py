@@ -40,13 +40,6 @@ CONFIGS = {  # name -> plan override (kernels/gemm_gluon.py): each must give the
 }
 
 
-def report_difference(a, b) -> str:
-    diff = (a.float() - b.float()).abs()
-    idx = (a != b).nonzero()[:3].tolist()
-    return (f"{int((a != b).sum())} of {a.numel()} differ, max |diff| {float(diff.max()):.3e}, first at {idx}: "
-            f"{[float(a[i, j]) for i, j in idx]} vs {[float(b[i, j]) for i, j in idx]}")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -61,6 +54,7 @@ def main() -> int:
 
     from rlkit import NumericsContract
     from rlkit.bench.kernels import _graph_ms, _randn, gemm_shapes
+    from rlkit.bitwise import bitwise_equal, compare
     from rlkit.kernels import gemm
 
     a.out.mkdir(parents=True, exist_ok=True)
@@ -104,14 +98,14 @@ def main() -> int:
                         add(cname, shape, "error", 1.0)
                         continue
                     ran = ln[0].kernel if ln else "-"
-                    same = torch.equal(y.view(torch.int16), y_ref.view(torch.int16))  # bits: -0 != +0
+                    same = bitwise_equal(y, y_ref)  # -0 and +0 differ
                     add(cname, shape, "same_bits", float(same))
                     add(cname, shape, "ran:" + ran, 1.0)
                     if ran == "gluon":
                         add(cname, shape, "registers", ln[0].registers)
                         add(cname, shape, "spills", ln[0].spills)
                     if not same:
-                        print(f"  DIFFERENT {shape} {cname} ({ran}): {report_difference(y, y_ref)}", flush=True)
+                        print(f"  DIFFERENT {compare(y, y_ref, f'{shape} {cname} ({ran})')}", flush=True)
                         continue
                     t = _graph_ms(lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, config=cfg,
                                                               row_parallel=True))
