@@ -152,12 +152,12 @@ def test_gemm_plan_runs_row_parallel_on_gluon_with_the_triton_kernels_bits(m, k,
     w[5] = -w[5].abs() - 1e-3
     y, launches = gemm.triton_launch(x, w, C, 1, torch.bfloat16, row_parallel=True)
     kinds = [ln.kernel for ln in launches]
-    triton = gemm.triton_partial(x, w, C, 1, torch.bfloat16, row_parallel=True,
+    by_triton = gemm.triton_partial(x, w, C, 1, torch.bfloat16, row_parallel=True,
                                  config=dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8,
                                              num_stages=4))
     print(f"M={m} K={k} N={n}: {kinds}, row 7 x weight row 5 = {y[7, 5].item()!r}")
     assert kinds == ["gluon"], f"the plan took {kinds} at M={m} K={k} N={n}"
-    assert_bitwise_equal(y, triton, f"Gluon vs the Triton kernel, M={m} K={k} N={n}")
+    assert_bitwise_equal(y, by_triton, f"Gluon vs the Triton kernel, M={m} K={k} N={n}")
     for rows in (1, 64, 300):
         assert_bitwise_equal(gemm.strict(x[:rows], w, C, row_parallel=True), y[:rows], f"first {rows} rows alone")
 
