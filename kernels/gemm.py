@@ -381,6 +381,17 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
     return _launch(x, w, c, contract, out_dtype, config)
 
 
+def _gluon_k_step(cfg: dict, k_tile: int) -> int:
+    """The Gluon kernel's load step: the contract's K step, or (cfg "BK") a divisor of it that is a whole
+    number of k16 MMAs. Either issues the same k16 warpgroup MMAs in the same K order, so the chain is the
+    same; a smaller step lets more of them sit in the shared-memory ring."""
+    step = cfg.get("BK", k_tile)
+    if step % 16 or k_tile % step:
+        raise ValueError(f"gemm plan BK={step}: the Gluon kernel's K step must be a multiple of 16 dividing the "
+                         f"contract's K step ({k_tile})")
+    return step
+
+
 def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract, out_dtype: torch.dtype,
             config: dict | None) -> tuple[torch.Tensor, list[_tr.Launch]]:
     """x @ w.T over `c` K chunks (K divisible by c), merged as the contract says, rounded to out_dtype."""
@@ -403,7 +414,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract
     fold = contract.gemm.chunk_merge == "sequential"
     even_k = kc % bk == 0
     opts = _tr.launch_options(contract)
-    if cfg["kind"] == "gluon" and not (fold and c > 1 and _gluon.supported(x2, w, y, c, kc, bk, cfg["BM"])):
+    gluon_bk = _gluon_k_step(cfg, bk) if cfg["kind"] == "gluon" else bk
+    if cfg["kind"] == "gluon" and not (fold and c > 1 and _gluon.supported(x2, w, y, c, kc, gluon_bk, cfg["BM"])):
         cfg = plan(m, n, x.device, None, chunks=c, k_chunk=kc, bk=bk, dtype=x.dtype, merge=merge_rule, gluon=False)
     if cfg["kind"] == "tma" and not (_tma_ok(x2) and _tma_ok(w)):
         cfg = plan(m, n, x.device, None, chunks=c, k_chunk=0, bk=bk, dtype=x.dtype, merge=merge_rule)  # pointer loads
@@ -416,8 +428,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract
                                               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
         launches.append(_tr.Launch("swapped", dict(cfg, grid=grid, C=c, BK=bk), compiled))
     elif cfg["kind"] == "gluon":
-        compiled, grid = _gluon.launch(x2, w, y, c, kc, bk, cfg, _tr.sm_count(x.device), opts)
-        launches.append(_tr.Launch("gluon", dict(cfg, grid=grid, C=c, BK=bk), compiled))
+        compiled, grid = _gluon.launch(x2, w, y, c, kc, gluon_bk, cfg, _tr.sm_count(x.device), opts)
+        launches.append(_tr.Launch("gluon", dict(cfg, grid=grid, C=c, BK=gluon_bk), compiled))
     elif cfg["kind"] == "tma":
         bm, bn = cfg["BM"], cfg["BN"]
         split = bool(cfg["split"]) and c > 1

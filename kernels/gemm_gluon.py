@@ -14,7 +14,10 @@ same chain (warpgroup MMAs of k16 steps in K order from a +0 accumulator, as the
 it: an all -0 chunk sums to +0 in both), and the chunk sums still meet in the same order: the same bits
 as every other launch of the plan (tests/gpu/test_kernels_gpu.py checks it). Two forms: one partition
 (the plan's, 64 x 128 tiles two an SM) and a warp-specialized one (a loading warp; measured no faster:
-lab/KERNELS_NOTES.md).
+lab/KERNELS_NOTES.md). Either may keep the running total in shared memory (`total_in_smem`): the
+registers then hold one accumulator, which lets a tile be 128 x 256 (a second fp32 register tile of that
+size does not fit); the plan's "BK" may then be a smaller multiple of 16 dividing the contract's K step
+(the same k16 MMAs in the same order, more of them in the ring).
 
 Device code and its launcher only; `kernels/gemm.py` decides when it runs (`plan`). Gluon is Triton's
 lower-level language (triton.experimental.gluon: Triton 3.6 on the H200, 3.7 in the compile check here);
@@ -32,6 +35,7 @@ try:
                                                                   warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # Triton 3.6's name, 3.7's
     AVAILABLE = True
 except Exception:  # noqa: BLE001 - no Triton, or a Triton without Gluon's Hopper API
     AVAILABLE = False
@@ -89,26 +93,40 @@ if AVAILABLE:
         return slot, phase, k0, tile, off_m, off_n
 
     @gluon.jit
-    def _mma_step(a, b, acc, tot, step, chunk, tile, y_desc, y_smem, programs, M, N, C: gl.constexpr,
-                  STEPS: gl.constexpr, GROUP_M: gl.constexpr, mma_layout: gl.constexpr):
+    def _mma_step(a, b, acc, tot, tot_smem, step, chunk, tile, y_desc, y_smem, programs, M, N, C: gl.constexpr,
+                  STEPS: gl.constexpr, GROUP_M: gl.constexpr, mma_layout: gl.constexpr, TOTAL_SMEM: gl.constexpr):
         """One K step of the MMA warps: acc += a @ b (asynchronously, one MMA left in flight), and at a
         chunk's last step the chunk sum added to the tile's running sum in chunk order (the accumulator
         reset to +0 for the next chain), at the tile's last the rounded tile stored by TMA (after the
-        previous tile's store has read y_smem). Returns (acc, tot, step, chunk, tile) for the next step."""
+        previous tile's store has read y_smem). The running sum is a second register tile, or with
+        TOTAL_SMEM an fp32 tile in shared memory (`tot_smem`; y_smem then aliases it), which leaves the
+        registers to one accumulator of twice the width. Returns (acc, tot, step, chunk, tile)."""
         BM: gl.constexpr = y_desc.block_type.shape[0]
         BN: gl.constexpr = y_desc.block_type.shape[1]
         pending = warpgroup_mma(a, b, acc, is_async=True)
         if step == STEPS - 1:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(pending,))
-            if chunk == 0:
-                tot = acc
+            if TOTAL_SMEM:
+                if chunk == 0:
+                    tma.store_wait(pendings=0)  # the previous tile's store has read the buffer
+                    run = acc
+                else:
+                    run = tot_smem.load(mma_layout) + acc
+                if chunk < C - 1:
+                    tot_smem.store(run)
             else:
-                tot = tot + acc
+                if chunk == 0:
+                    tot = acc
+                else:
+                    tot = tot + acc
+                run = tot
             acc = gl.zeros((BM, BN), gl.float32, mma_layout)
             if chunk == C - 1:
                 off_m, off_n = _tile_origin(tile, M, N, BM, BN, GROUP_M)
                 tma.store_wait(pendings=0)
-                y_smem.store(tot.to(y_desc.dtype))
+                if TOTAL_SMEM:
+                    _cta_barrier()  # every warp has read the running sum that y_smem overwrites
+                y_smem.store(run.to(y_desc.dtype))
                 fence_async_shared()
                 tma.async_copy_shared_to_global(y_desc, [off_m, off_n], y_smem)
                 tile = tile + programs
@@ -121,10 +139,28 @@ if AVAILABLE:
             step = step + 1
         return acc, tot, step, chunk, tile
 
+    @gluon.jit
+    def _tile_buffers(y_desc, mma_layout: gl.constexpr, TOTAL_SMEM: gl.constexpr):
+        """(tot, tot_smem, y_smem): the running sum's register tile and the output's staging buffer, or
+        with TOTAL_SMEM the running sum's fp32 shared-memory tile with the output staged in its first half
+        (a scalar stands in for the register tile)."""
+        BM: gl.constexpr = y_desc.block_type.shape[0]
+        BN: gl.constexpr = y_desc.block_type.shape[1]
+        if TOTAL_SMEM:
+            tot_smem = gl.allocate_shared_memory(gl.float32, [BM, BN],
+                                                 gl.NVMMASharedLayout.get_default_for([BM, BN], gl.float32))
+            y_smem = tot_smem._reinterpret(y_desc.dtype, [BM, BN], y_desc.layout)
+            tot = 0.0
+        else:
+            y_smem = gl.allocate_shared_memory(y_desc.dtype, [BM, BN], y_desc.layout)
+            tot_smem = y_smem
+            tot = gl.zeros((BM, BN), gl.float32, mma_layout)
+        return tot, tot_smem, y_smem
+
     @gluon.jit(do_not_specialize=["M", "programs"])
     def _ordered_chunks_kernel(x_desc, w_desc, y_desc, M, N, programs,
                                C: gl.constexpr, STEPS: gl.constexpr, STAGES: gl.constexpr,
-                               GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+                               GROUP_M: gl.constexpr, TOTAL_SMEM: gl.constexpr, num_warps: gl.constexpr):
         """y[BM x BN tiles] = the C chunk chains of STEPS K steps each, added in chunk order, rounded once.
         A persistent grid of `programs`; program p computes tiles p, p + programs, ... in grouped order."""
         BM: gl.constexpr = x_desc.block_type.shape[0]
@@ -140,11 +176,10 @@ if AVAILABLE:
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for slot in gl.static_range(STAGES):
             mbarrier.init(ready.index(slot), count=1)
-        y_smem = gl.allocate_shared_memory(y_desc.dtype, [BM, BN], y_desc.layout)
 
         mma_layout: gl.constexpr = _mma_layout(BN, num_warps)
         acc = gl.zeros((BM, BN), gl.float32, mma_layout)
-        tot = gl.zeros((BM, BN), gl.float32, mma_layout)
+        tot, tot_smem, y_smem = _tile_buffers(y_desc, mma_layout, TOTAL_SMEM)
 
         # the producer runs STAGES - 1 K steps ahead of the MMAs, across chunk and tile ends
         p_slot = 0
@@ -164,8 +199,8 @@ if AVAILABLE:
         for i in range(total):
             mbarrier.wait(ready.index(slot), phase)
             acc, tot, step, chunk, tile = _mma_step(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, tot,
-                                                    step, chunk, tile, y_desc, y_smem, programs, M, N, C, STEPS,
-                                                    GROUP_M, mma_layout)
+                                                    tot_smem, step, chunk, tile, y_desc, y_smem, programs, M, N, C,
+                                                    STEPS, GROUP_M, mma_layout, TOTAL_SMEM)
             # the producer's slot is (i - 1) % STAGES: its MMA has completed (at most MMA i is in flight)
             _load(i + STAGES - 1 < total, p_slot, p_m, p_n, p_k, x_desc, w_desc, a_bufs, b_bufs, ready)
             p_slot, p_phase, p_k, p_tile, p_m, p_n = _next_step(p_slot, p_phase, p_k, p_tile, p_m, p_n, programs,
@@ -197,16 +232,18 @@ if AVAILABLE:
                                                              K, STAGES, BM, BN, BK, GROUP_M)
 
     @gluon.jit
-    def _ws_consumer(y_desc, a_bufs, b_bufs, ready, empty, y_smem, M, N, programs, total,
+    def _ws_consumer(y_desc, a_bufs, b_bufs, ready, empty, tot_smem, y_smem, M, N, programs, total,
                      C: gl.constexpr, STEPS: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-                     WARPS: gl.constexpr):
+                     TOTAL_SMEM: gl.constexpr, WARPS: gl.constexpr):
         """Warp-specialized form, the MMA warps: the same chains, chunk sums and stores as
         `_ordered_chunks_kernel`; each slot is released to the loader once its MMA has completed."""
         BM: gl.constexpr = a_bufs.shape[1]
         BN: gl.constexpr = b_bufs.shape[1]
         mma_layout: gl.constexpr = _mma_layout(BN, WARPS)
         acc = gl.zeros((BM, BN), gl.float32, mma_layout)
-        tot = gl.zeros((BM, BN), gl.float32, mma_layout)
+        tot = 0.0
+        if not TOTAL_SMEM:
+            tot = gl.zeros((BM, BN), gl.float32, mma_layout)
         slot = 0
         phase = 0
         prev = 0
@@ -216,8 +253,8 @@ if AVAILABLE:
         for i in range(total):
             mbarrier.wait(ready.index(slot), phase)
             acc, tot, step, chunk, tile = _mma_step(a_bufs.index(slot), b_bufs.index(slot).permute((1, 0)), acc, tot,
-                                                    step, chunk, tile, y_desc, y_smem, programs, M, N, C, STEPS,
-                                                    GROUP_M, mma_layout)
+                                                    tot_smem, step, chunk, tile, y_desc, y_smem, programs, M, N, C,
+                                                    STEPS, GROUP_M, mma_layout, TOTAL_SMEM)
             mbarrier.arrive(empty.index(prev), pred=i > 0)  # MMA i - 1 has completed: its slot is free
             prev = slot
             slot, phase = _next_slot(slot, phase, STAGES)
@@ -226,7 +263,7 @@ if AVAILABLE:
     @gluon.jit(do_not_specialize=["M", "programs"])
     def _ordered_chunks_ws_kernel(x_desc, w_desc, y_desc, M, N, programs,
                                   C: gl.constexpr, STEPS: gl.constexpr, STAGES: gl.constexpr,
-                                  GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+                                  GROUP_M: gl.constexpr, TOTAL_SMEM: gl.constexpr, num_warps: gl.constexpr):
         """`_ordered_chunks_kernel` with the TMA loads in a warp of their own (gl.warp_specialize): the
         MMA warps then meet no CTA-wide barrier a K step (the one-partition form syncs every warp around
         each load: Gluon's shared-memory hazard barriers)."""
@@ -243,10 +280,10 @@ if AVAILABLE:
         for slot in gl.static_range(STAGES):
             mbarrier.init(ready.index(slot), count=1)
             mbarrier.init(empty.index(slot), count=1)
-        y_smem = gl.allocate_shared_memory(y_desc.dtype, [BM, BN], y_desc.layout)
+        _, tot_smem, y_smem = _tile_buffers(y_desc, _mma_layout(BN, num_warps), TOTAL_SMEM)
         gl.warp_specialize([
-            (_ws_consumer, (y_desc, a_bufs, b_bufs, ready, empty, y_smem, M, N, programs, total, C, STEPS, STAGES,
-                            GROUP_M, num_warps)),
+            (_ws_consumer, (y_desc, a_bufs, b_bufs, ready, empty, tot_smem, y_smem, M, N, programs, total, C, STEPS,
+                            STAGES, GROUP_M, TOTAL_SMEM, num_warps)),
             (_ws_producer, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, M, N, programs, total, C * STEPS * BK,
                             STAGES, GROUP_M)),
         ], [1], [40])
@@ -268,7 +305,7 @@ def kernel_call(cfg: dict, x_desc, w_desc, y_desc, m: int, n: int, programs: int
     says. `launch` makes it; rlkit/bench/compile_plans.py compiles the same call for sm_90."""
     kernel = _ordered_chunks_ws_kernel if cfg.get("warp_specialize") else _ordered_chunks_kernel
     kwargs = dict(C=chunks, STEPS=k_chunk // bk, STAGES=cfg["num_stages"], GROUP_M=cfg["GROUP_M"],
-                  num_warps=cfg["num_warps"], **options)
+                  TOTAL_SMEM=bool(cfg.get("total_in_smem")), num_warps=cfg["num_warps"], **options)
     return kernel, (x_desc, w_desc, y_desc, m, n, programs), kwargs
 
 

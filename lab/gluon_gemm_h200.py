@@ -37,6 +37,16 @@ CONFIGS = {  # name -> plan override (kernels/gemm_gluon.py): each must give the
     "w128x128s6": dict(kind="gluon", warp_specialize=True, BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=6),
     "w64x128s6": dict(kind="gluon", warp_specialize=True, BM=64, BN=128, GROUP_M=8, num_warps=4, num_stages=6),
     "w128x64s6": dict(kind="gluon", warp_specialize=True, BM=128, BN=64, GROUP_M=8, num_warps=8, num_stages=6),
+    "g64x128s4x2m16": dict(kind="gluon", BM=64, BN=128, GROUP_M=16, num_warps=4, num_stages=4, programs_per_sm=2),
+    # the running total in shared memory: one register accumulator, so 128 x 256 tiles fit
+    "t128x256k64s2": dict(kind="gluon", BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=2, total_in_smem=True),
+    "t128x256k32s4": dict(kind="gluon", BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=4, BK=32,
+                          total_in_smem=True),
+    "v128x256k32s4": dict(kind="gluon", warp_specialize=True, BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=4,
+                          BK=32, total_in_smem=True),
+    "t128x128k64s4": dict(kind="gluon", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=4, total_in_smem=True),
+    "t128x128k32s8": dict(kind="gluon", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=8, BK=32,
+                          total_in_smem=True),
 }
 
 

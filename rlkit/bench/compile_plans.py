@@ -173,7 +173,7 @@ def _gemm_gluon(cfg: dict, s: GemmShape, contract: NumericsContract):
     picks it elsewhere, so the kernel is not in KERNEL_MODULES' every-target coverage rule)."""
     from rlkit.kernels import gemm_gluon
 
-    bm, bn, bk = cfg["BM"], cfg["BN"], contract.gemm.k_tile
+    bm, bn, bk = cfg["BM"], cfg["BN"], gemm._gluon_k_step(cfg, contract.gemm.k_tile)
     descs = [gemm_gluon.descriptor(_t(dtype), [rows, cols], [cols, 1], block)
              for dtype, rows, cols, block in ((s.x_dtype, s.m, s.k, [bm, bk]), (s.x_dtype, s.n, s.k, [bn, bk]),
                                               (s.out_dtype, s.m, s.n, [bm, bn]))]

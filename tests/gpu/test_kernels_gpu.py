@@ -102,6 +102,11 @@ CONFIGS = [
     dict(kind="gluon", BM=64, BN=128, GROUP_M=8, num_warps=4, num_stages=4, programs_per_sm=2),
     dict(kind="gluon", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=5),
     dict(kind="gluon", warp_specialize=True, BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=5),
+    # the running total in shared memory (one register accumulator): 128 x 256, K steps of 64 and of 32
+    dict(kind="gluon", BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=2, total_in_smem=True),
+    dict(kind="gluon", BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=4, BK=32, total_in_smem=True),
+    dict(kind="gluon", warp_specialize=True, BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=4, BK=32,
+         total_in_smem=True),
 ]
 ONE_CHAIN_ONLY = [dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3),
                   dict(kind="tma", flat=True, BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3)]

@@ -19,7 +19,7 @@ import os
 import pytest
 import torch
 
-from rlkit import ops
+from rlkit import NumericsContract, ops
 from rlkit.bench import compile_plans, compile_targets
 from rlkit.bench.compile_targets import TARGETS, check_one, compile_call, requests, run_check
 from rlkit.kernels import _triton as _tr
@@ -182,3 +182,36 @@ def test_native_backend_names_aiter_for_rocm_and_says_it_is_not_exercised():
     assert ops.native_backend(torch.device("cuda", 0)).name == expected
     with pytest.raises(ValueError, match="no native backend"):
         ops.native_backend(torch.device("meta"))
+
+
+GLUON_SMEM_TOTAL = {  # the running total in shared memory: one 128 x 256 register accumulator
+    "one partition, BK 64, 2 stages": dict(kind="gluon", BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=2,
+                                           total_in_smem=True),
+    "one partition, BK 32, 4 stages": dict(kind="gluon", BM=128, BN=256, GROUP_M=8, num_warps=8, num_stages=4,
+                                           BK=32, total_in_smem=True),
+    "warp-specialized, BK 32": dict(kind="gluon", warp_specialize=True, BM=128, BN=256, GROUP_M=8, num_warps=8,
+                                    num_stages=4, BK=32, total_in_smem=True),
+}
+
+
+@pytest.mark.skipif(not gemm._gluon.AVAILABLE, reason="this Triton has no Gluon Hopper API")
+@pytest.mark.parametrize("name", list(GLUON_SMEM_TOTAL))
+def test_gluon_total_in_shared_memory_fits_one_h200_program_without_spills(name):
+    """The 128 x 256 tile with its running sum in shared memory: a register accumulator alone (no spill
+    under ptxas -v) and the fp32 total plus the load ring within what one sm_90 program may have."""
+    cfg = GLUON_SMEM_TOTAL[name]
+    shape = compile_plans.GemmShape(4096, 4096, 6144, 6, torch.bfloat16, torch.bfloat16)
+    [(role, fn, args, kw)] = compile_plans._gemm_gluon(cfg, shape, NumericsContract.default())
+    res = check_one(compile_plans.KernelCall("gemm", fn, args, kw, name, "test"), SM90)
+    assert res.error is None, res.error
+    assert res.metrics["spill_store_bytes"] == 0 and res.metrics["n_spills"] == 0, res.metrics
+    fp32_total = 128 * 256 * 4
+    assert fp32_total < res.metrics["shared_bytes"] <= SM90.traits.max_shared_bytes, res.metrics
+
+
+@pytest.mark.parametrize("bk", [24, 48, 128])
+def test_gluon_k_step_must_be_whole_k16_mmas_dividing_the_contract_step(bk):
+    """A plan's "BK" that is not a multiple of 16 dividing the contract's K step would change the chain."""
+    with pytest.raises(ValueError, match=f"BK={bk}"):
+        gemm._gluon_k_step(dict(BK=bk), 64)
+    assert gemm._gluon_k_step({}, 64) == 64 and gemm._gluon_k_step(dict(BK=32), 64) == 32
