@@ -117,3 +117,15 @@ def test_the_native_baseline_at_torchs_defaults_is_only_sought_where_the_route_c
     assert not (tmp_path / "native_at_defaults").exists()
     gemm = [_row("gemm", "strict", "qwen3-8b.qkv M=1 K=4096 N=6144", "ratio_vs_native", 0.98)]
     assert "cuBLAS is timed at torch's defaults" in render(gemm)
+
+
+def test_rms_norm_rows_render_under_their_kernel_whatever_their_file_called_the_op():
+    """bench_rowwise names a row's op after the kernel (rms_norm); files written before 92b9c6a's fix
+    named it after the shape ("rms_norm+residual"), and their RMSNorm table was never drawn."""
+    for op in ("rms_norm", "rms_norm+residual"):
+        rows = [_row(op, "native", "rms_norm+residual 8x8", "ms", 0.5),
+                _row(op, "strict", "rms_norm+residual 8x8", "ms", 0.4),
+                _row(op, "strict", "rms_norm+residual 8x8", "ratio_vs_native", 1.25)]
+        text = render(rows)
+        assert "## RMSNorm" in text, op
+        assert "| rms_norm+residual 8x8 | strict | ratio_vs_native | 1.250 | 0.400 | 0.500 |" in text, op
