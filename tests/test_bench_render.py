@@ -120,7 +120,7 @@ def test_the_native_baseline_at_torchs_defaults_is_only_sought_where_the_route_c
 
 
 def test_rms_norm_rows_render_under_their_kernel_whatever_their_file_called_the_op():
-    """bench_rowwise names a row's op after the kernel (rms_norm); files written before 92b9c6a's fix
+    """bench_rowwise names a row's op after the kernel (rms_norm); files written up to 92b9c6a
     named it after the shape ("rms_norm+residual"), and their RMSNorm table was never drawn."""
     for op in ("rms_norm", "rms_norm+residual"):
         rows = [_row(op, "native", "rms_norm+residual 8x8", "ms", 0.5),

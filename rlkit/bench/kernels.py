@@ -394,18 +394,19 @@ def bench_rowwise(rec: Recorder, rows: int = 4096) -> None:
     c = NumericsContract.default()
     x, r = _randn(rows, 4096, seed=11), _randn(rows, 4096, seed=12)
     w = (1 + 0.1 * _randn(4096, dtype=torch.float32, seed=13)).bfloat16()
-    cases = {
-        f"rms_norm+residual {rows}x4096": (lambda: rms_norm.native(x, w, 1e-6, r),
-                                           lambda: rms_norm.triton_rms_norm(x, w, 1e-6, c, r)),
+    cases = {  # (op: the kernel's name, shape) -> (native, strict)
+        ("rms_norm", f"rms_norm+residual {rows}x4096"): (lambda: rms_norm.native(x, w, 1e-6, r),
+                                                         lambda: rms_norm.triton_rms_norm(x, w, 1e-6, c, r)),
     }
     gte, up = _randn(rows, 12288, seed=14), _randn(rows, 12288, seed=15)
-    cases[f"swiglu {rows}x12288"] = (lambda: swiglu.native(gte, up), lambda: swiglu.triton_swiglu(gte, up, c))
+    cases[("swiglu", f"swiglu {rows}x12288")] = (lambda: swiglu.native(gte, up),
+                                                  lambda: swiglu.triton_swiglu(gte, up, c))
     qr = _randn(rows, 32, 128, seed=16)
     pos = torch.arange(rows, device="cuda")
     rope.tables(rows, 128, 1e6, qr.device)
-    cases[f"rope {rows}x32x128"] = (lambda: rope.native(qr, pos, 1e6), lambda: rope.triton_rope(qr, pos, 1e6, c))
-    for shape, (nat, strict) in cases.items():
-        op = shape.split()[0].split("+")[0]  # the kernel's name: "rms_norm+residual ..." is rms_norm's row
+    cases[("rope", f"rope {rows}x32x128")] = (lambda: rope.native(qr, pos, 1e6),
+                                              lambda: rope.triton_rope(qr, pos, 1e6, c))
+    for (op, shape), (nat, strict) in cases.items():
         t_nat, t_str = _bench(nat), _bench(strict)
         rec.add(op, "native", shape, "ms", t_nat)
         rec.add(op, "strict", shape, "ms", t_str)
