@@ -48,12 +48,11 @@ CONFIGS = {  # name -> plan override (kernels/gemm_gluon.py): each must give the
     "t128x128k32s8": dict(kind="gluon", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=8, BK=32,
                           total_in_smem=True),
     # both fp32 tiles in registers at the largest tile that holds them: 128 x 192 over two warpgroups is 96 + 96
-    # registers a thread (128 x 256 would be 256); 192 x 128 over three, 64 + 64 (at most 170 a thread for 384)
+    # registers a thread (128 x 256 would be 256); as two column parts (128 + 64; 160 = 128 + 32), two MMAs a step
     "g128x192s4": dict(kind="gluon", BM=128, BN=192, GROUP_M=8, num_warps=8, num_stages=4),
     "g128x192s3": dict(kind="gluon", BM=128, BN=192, GROUP_M=8, num_warps=8, num_stages=3),
     "g128x160s4": dict(kind="gluon", BM=128, BN=160, GROUP_M=8, num_warps=8, num_stages=4),
     "w128x192s4": dict(kind="gluon", warp_specialize=True, BM=128, BN=192, GROUP_M=8, num_warps=8, num_stages=4),
-    "g192x128s4": dict(kind="gluon", BM=192, BN=128, GROUP_M=8, num_warps=12, num_stages=4),
 }
 
 

@@ -174,10 +174,9 @@ def _gemm_gluon(cfg: dict, s: GemmShape, contract: NumericsContract):
     from rlkit.kernels import gemm_gluon
 
     bm, bn, bk = cfg["BM"], cfg["BN"], gemm._gluon_k_step(cfg, contract.gemm.k_tile)
-    descs = [gemm_gluon.descriptor(_t(dtype), [rows, cols], [cols, 1], block)
-             for dtype, rows, cols, block in ((s.x_dtype, s.m, s.k, [bm, bk]), (s.x_dtype, s.n, s.k, [bn, bk]),
-                                              (s.out_dtype, s.m, s.n, [bm, bn]))]
-    kernel, args, kw = gemm_gluon.kernel_call(cfg, *descs, s.m, s.n, 132 * cfg.get("programs_per_sm", 1), s.chunks,
+    descs = gemm_gluon.tile_descriptors(*((_t(dtype), [rows, cols], [cols, 1]) for dtype, rows, cols in (
+        (s.x_dtype, s.m, s.k), (s.x_dtype, s.n, s.k), (s.out_dtype, s.m, s.n))), bm, bn, bk)
+    kernel, args, kw = gemm_gluon.kernel_call(cfg, descs, s.m, s.n, 132 * cfg.get("programs_per_sm", 1), s.chunks,
                                               s.k // s.chunks, bk, _tr.launch_options(contract))
     return [("gluon", kernel, args, kw)]
 
