@@ -247,8 +247,8 @@ def test_gemm_native_control_differs():
 
 # -- logprob ------------------------------------------------------------------------------------------
 def test_logprob_out_of_range_id_is_a_clear_error_not_a_device_fault():
-    """The fused path (its lm_head on the cuBLAS route) refuses a bad id with OpInputError before any
-    kernel reads it, and the device stays usable after it."""
+    """The fused path (its lm_head on the cuBLAS route) refuses a bad id with OpInputError (read once its
+    kernels are queued: they read no id out of bounds), and the device stays usable after it."""
     from rlkit.kernels.errors import OpInputError
 
     h, w = randn(4, 1024, seed=30), randn(5000, 1024, scale=0.02, seed=31)
