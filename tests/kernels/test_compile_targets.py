@@ -215,3 +215,25 @@ def test_gluon_k_step_must_be_whole_k16_mmas_dividing_the_contract_step(bk):
     with pytest.raises(ValueError, match=f"BK={bk}"):
         gemm._gluon_k_step(dict(BK=bk), 64)
     assert gemm._gluon_k_step({}, 64) == 64 and gemm._gluon_k_step(dict(BK=32), 64) == 32
+
+
+@pytest.mark.skipif(not gemm._gluon.AVAILABLE, reason="this Triton has no Gluon Hopper API")
+def test_gluon_tile_of_two_column_parts_holds_both_fp32_tiles_in_registers():
+    """128 x 192 as 128 + 64 columns (Gluon's tensors are powers of two): two accumulators and two running
+    totals, 192 fp32 registers a thread at 8 warps, compiled for sm_90 without a spill; a width that is
+    not a sum of two powers of two is refused by name."""
+    from rlkit.kernels import gemm_gluon
+
+    assert gemm_gluon.column_parts(128) == (128, 0) and gemm_gluon.column_parts(192) == (128, 64)
+    assert gemm_gluon.column_parts(160) == (128, 32)
+    for bad in (224, 200):
+        with pytest.raises(ValueError, match=f"BN={bad}"):
+            gemm_gluon.column_parts(bad)
+    cfg = dict(kind="gluon", BM=128, BN=192, GROUP_M=8, num_warps=8, num_stages=4)
+    shape = compile_plans.GemmShape(4096, 4096, 4096, 4, torch.bfloat16, torch.bfloat16)
+    [(role, fn, args, kw)] = compile_plans._gemm_gluon(cfg, shape, NumericsContract.default())
+    assert kw["SPLIT_N"] is True
+    res = check_one(compile_plans.KernelCall("gemm", fn, args, kw, "128 x 192", "test"), SM90)
+    assert res.error is None, res.error
+    assert res.metrics["spill_store_bytes"] == 0 and res.metrics["n_spills"] == 0, res.metrics
+    assert res.metrics["registers"] >= 192, res.metrics
