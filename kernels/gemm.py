@@ -382,13 +382,15 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
 
 
 def _gluon_k_step(cfg: dict, k_tile: int) -> int:
-    """The Gluon kernel's load step: the contract's K step, or (cfg "BK") a divisor of it that is a whole
-    number of k16 MMAs. Either issues the same k16 warpgroup MMAs in the same K order, so the chain is the
-    same; a smaller step lets more of them sit in the shared-memory ring."""
+    """The Gluon kernel's load step: the contract's K step, or (cfg "BK") a divisor or a multiple of it that
+    is a whole number of k16 MMAs. Any of them issues the same k16 warpgroup MMAs in the same K order on one
+    accumulator, so the chain is the same (the contract's K step is where the Triton kernels' `tl.dot`
+    calls meet, not a rounding); a smaller step lets more of them sit in the shared-memory ring, a larger
+    one waits and loads half as often. A chunk must be a whole number of load steps (`supported`)."""
     step = cfg.get("BK", k_tile)
-    if step % 16 or k_tile % step:
-        raise ValueError(f"gemm plan BK={step}: the Gluon kernel's K step must be a multiple of 16 dividing the "
-                         f"contract's K step ({k_tile})")
+    if step % 16 or (k_tile % step and step % k_tile):
+        raise ValueError(f"gemm plan BK={step}: the Gluon kernel's K step must be a multiple of 16 dividing or "
+                         f"divided by the contract's K step ({k_tile})")
     return step
 
 

@@ -111,6 +111,9 @@ CONFIGS = [
     # parts, two MMAs a K step); N = 192 and 160 leave a partial column tile, and a second part wholly past N
     dict(kind="gluon", BM=128, BN=192, GROUP_M=8, num_warps=8, num_stages=4),
     dict(kind="gluon", BM=128, BN=160, GROUP_M=8, num_warps=8, num_stages=4),
+    # few tiles: 64 x 64 two an SM; K loads of 128 (two contract K steps a load, the same k16 MMAs in order)
+    dict(kind="gluon", BM=64, BN=64, GROUP_M=8, num_warps=4, num_stages=6, programs_per_sm=2),
+    dict(kind="gluon", BM=64, BN=128, GROUP_M=8, num_warps=4, num_stages=2, BK=128, programs_per_sm=2),
 ]
 ONE_CHAIN_ONLY = [dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3),
                   dict(kind="tma", flat=True, BM=128, BN=256, GROUP_M=8, split=False, num_warps=8, num_stages=3)]

@@ -209,12 +209,13 @@ def test_gluon_total_in_shared_memory_fits_one_h200_program_without_spills(name)
     assert fp32_total < res.metrics["shared_bytes"] <= SM90.traits.max_shared_bytes, res.metrics
 
 
-@pytest.mark.parametrize("bk", [24, 48, 128])
-def test_gluon_k_step_must_be_whole_k16_mmas_dividing_the_contract_step(bk):
-    """A plan's "BK" that is not a multiple of 16 dividing the contract's K step would change the chain."""
+@pytest.mark.parametrize("bk", [24, 48, 96, 160])
+def test_gluon_k_step_must_be_whole_k16_mmas_dividing_or_divided_by_the_contract_step(bk):
+    """A plan's "BK" must be whole k16 MMAs and divide, or be a multiple of, the contract's K step (the
+    same k16 MMAs in the same order either way); anything else is refused by name."""
     with pytest.raises(ValueError, match=f"BK={bk}"):
         gemm._gluon_k_step(dict(BK=bk), 64)
-    assert gemm._gluon_k_step({}, 64) == 64 and gemm._gluon_k_step(dict(BK=32), 64) == 32
+    assert [gemm._gluon_k_step(cfg, 64) for cfg in ({}, dict(BK=32), dict(BK=128))] == [64, 32, 128]
 
 
 @pytest.mark.skipif(not gemm._gluon.AVAILABLE, reason="this Triton has no Gluon Hopper API")
