@@ -99,7 +99,84 @@ def step_shapes(dry_run: bool) -> dict:
     }
 
 
-def timed_run(run_dir: Path, cfg, minutes: float) -> tuple[list, dict[str, float]]:
+class StepEvents:
+    """What ran inside a run besides its steps (--events): each Triton/Gluon kernel compiled in this process
+    (triton.knobs' post-compile hook) and each Python garbage collection (gc.callbacks), put in the step
+    they fell in by watching the run store for step commits. For the slow strict steps after the warm-up
+    (lab/LOG.md 2026-12-04 session 20): kernels first met there, or collector pauses, or neither."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.compiles, self.collections, self.commits = run_dir, [], [], []
+        self._gc_start = 0.0
+        self._done = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+
+    def _compiled(self, *args, **kwargs):
+        fn = kwargs.get("fn")
+        self.compiles.append((time.perf_counter(), getattr(fn, "name", None) or str(kwargs.get("repr", "?"))[:60]))
+        return None  # never skips a kernel
+
+    def _gc(self, phase, info):
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.collections.append((time.perf_counter(), time.perf_counter() - self._gc_start, info.get("generation")))
+
+    def _watch(self):
+        from rlkit.timeline.store import DB_NAME, RunStore
+
+        while not (self.run_dir / DB_NAME).is_file():
+            if self._done.wait(0.05):
+                return
+        store = RunStore.open(self.run_dir)
+        try:
+            seen = None
+            while not self._done.wait(0.02):
+                last = store.last_step()
+                if last is not None and last != seen:
+                    seen = last
+                    self.commits.append((time.perf_counter(), last))
+        finally:
+            store.close()
+
+    def __enter__(self):
+        import triton
+
+        triton.knobs.runtime.jit_post_compile_hook = self._compiled
+        gc.callbacks.append(self._gc)
+        self._watcher.start()
+        return self
+
+    def __exit__(self, *exc):
+        import triton
+
+        triton.knobs.runtime.jit_post_compile_hook = None
+        gc.callbacks.remove(self._gc)
+        self._done.set()
+        self._watcher.join()
+
+    def step_of(self, t: float) -> int:
+        """The step running at perf_counter time t: one past the last step committed before t."""
+        return 1 + max((step for when, step in self.commits if when <= t), default=-1)
+
+    def report(self) -> str:
+        by_step: dict[int, dict] = {}
+        for t, name in self.compiles:
+            by_step.setdefault(self.step_of(t), {"compiles": [], "gc_s": 0.0, "gc2": 0})["compiles"].append(name)
+        for t, took, gen in self.collections:
+            e = by_step.setdefault(self.step_of(t), {"compiles": [], "gc_s": 0.0, "gc2": 0})
+            e["gc_s"] += took
+            e["gc2"] += gen == 2
+        lines = []
+        for step in sorted(by_step):
+            e = by_step[step]
+            names = sorted(set(e["compiles"]))
+            lines.append(f"  step {step}: {len(e['compiles'])} kernels compiled ({', '.join(names)[:300]}); "
+                         f"gc {e['gc_s'] * 1e3:.1f} ms ({e['gc2']} full collections)")
+        return "\n".join(lines)
+
+
+def timed_run(run_dir: Path, cfg, minutes: float, events: bool = False) -> tuple[list, dict[str, float]]:
     """Run `cfg` into a new `run_dir` until its steps are done or `minutes` pass: its step summaries, and
     on CUDA its GPU memory (peak allocated during the run; what is still allocated once the run returned
     and its memory was released: the next run must start on an empty GPU)."""
@@ -110,8 +187,14 @@ def timed_run(run_dir: Path, cfg, minutes: float) -> tuple[list, dict[str, float
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     timer.start()
+    watch = StepEvents(run_dir) if events else None
     try:
-        store = run(run_dir, cfg, progress=False, stop=stop)
+        if watch:
+            with watch:
+                store = run(run_dir, cfg, progress=False, stop=stop)
+            print(f"events in {run_dir.name}:\n{watch.report()}", flush=True)
+        else:
+            store = run(run_dir, cfg, progress=False, stop=stop)
     finally:
         timer.cancel()
     with store:
@@ -285,6 +368,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=None,
                     help="steps left out at the start of each run (default 1; with --interleave 3: the pattern "
                          "is s s n | s n s n ...). On a fresh machine step 1 still compiles: 2 or more")
+    ap.add_argument("--events", action="store_true",
+                    help="print each step's kernel compiles and garbage collections (StepEvents)")
     ap.add_argument("--combine", nargs="+", metavar="ROWS.jsonl",
                     help="no run: the strict/native rows of these files (one path each, or both) -> ratio rows")
     a = ap.parse_args()
@@ -333,7 +418,7 @@ def main() -> int:
                 (a.out / f"profile-{name}-{path}.txt").write_text(report)
                 print(report[:1500], flush=True)
             else:
-                steps, memory = timed_run(a.out / f"run-{name}-{path}", cfg, a.minutes)
+                steps, memory = timed_run(a.out / f"run-{name}-{path}", cfg, a.minutes, a.events)
             result[path] = medians(steps, warmup)
             print(f"{name} {path}: {len(steps)} steps in {time.time() - t0:.0f} s: "
                   + " ".join(f"{k} {v:.3f}" for k, v in (result[path] | memory).items()), flush=True)
