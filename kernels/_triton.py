@@ -18,6 +18,10 @@ Launch options that decide bits come from the contract, here, once: `gpu.fp_fusi
 compiler's fusing of a*b + c into one FMA, so every kernel rounds exactly where its source says. Two
 kernels that share a @jit helper (attention's split state and its merge) then give the same bits
 wherever they run.
+
+Sizes that change from call to call within a run (rows, M, the block table's width) are marked
+`do_not_specialize` on their kernels: otherwise Triton compiles a new variant the first time such an
+integer is a multiple of 16 or 1, at any step (tests/kernels/test_specialization.py says which and why).
 """
 
 from __future__ import annotations

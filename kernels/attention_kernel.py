@@ -197,7 +197,7 @@ def _split_state(q, pos, first_pos, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_
     return m, l, acc
 
 
-@jit
+@jit(do_not_specialize=["stride_bt", "MAXS"])
 def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, wsm_ptr, wsa_ptr, tile_seq_ptr, tile_q0_ptr, cu_q_ptr,
                  qstart_ptr, ctx_ptr, cu_k_ptr, bt_ptr, stride_qt, stride_qh, stride_kt, stride_ks,
                  stride_kh, stride_bt, page, H, MAXS, scale,

@@ -239,6 +239,21 @@ M = 1024: 0.74 -> 0.82) and loses to the Triton kernel's 128 x 128 tiles where a
 GLUON_FILL = 1.9
 GLUON_MAX_K_CHUNK = 1536
 
+GLUON_FEW_TILES = dict(BM=64, BN=64, GROUP_M=8, num_warps=4, num_stages=6, programs_per_sm=2)
+"""The ordered merge where GLUON_ROW_PARALLEL's tiles are too few for two an SM but 64 x 64 tiles give at
+least GLUON_FEW_TILES_FILL of an SM each (M = 256 on the 8b and 1.7b o/down, M = 1024 on 0.6b): the same
+kernel at half the tile width, two an SM, a 6-slot ring, any chunk length. Measured on the H200 (lab/LOG.md
+2026-12-04 session 21, cuBLAS without a workspace / strict): 8b o 0.84 -> 0.89, 8b down 0.60 -> 0.70,
+1.7b o 0.59 -> 0.71, 1.7b down 0.57 -> 0.64 at M = 256; 0.6b o 0.70 -> 0.75, 0.6b down 0.74 -> 0.75 at
+M = 1024 (the plan's Triton kernel before)."""
+GLUON_FEW_TILES_FILL = 0.9
+
+SWAPPED_NARROW_FILL = 0.6
+"""17 <= M <= 64 with chunks: the swapped kernel takes 32-token tiles (two token tiles at M = 64) where its
+64-token tiles would give fewer programs than this many SMs' worth (0.6b o/down: 16 weight tiles x 4
+chunks). H200, session 21: 0.6b o 0.86 -> 0.96, down 0.95 -> 1.08 of cuBLAS at M = 64; where 64-token tiles
+already give an SM a program or more (8b, 1.7b) 32-token tiles were slower (0.60-0.96 against 0.79-1.24)."""
+
 
 def _wave_efficiency(tiles: int, sms: int) -> float:
     """Busy fraction of the SMs over ceil(tiles / sms) waves of equal tiles."""
@@ -263,11 +278,13 @@ def plan(m: int, n: int, device: torch.device, override: dict | None = None, chu
     - M <= 4: swapped, 128 weight rows a program (two wgmma M=64 halves, 4 warps), 16 token columns (the
       smallest wgmma N Triton emits), 4 stages of 64-wide K steps;
     - 4 < M <= 16: swapped, 64 weight rows, 16 tokens, 5 stages;
-    - 16 < M <= 64: swapped, 64 weight rows x 64 tokens (one token tile, so the weights stream once);
+    - 16 < M <= 64: swapped, 64 weight rows x 64 tokens (one token tile, so the weights stream once), or
+      x 32 tokens where chunked programs would be too few for the SMs (SWAPPED_NARROW_FILL);
     - M > 64 on Hopper (bf16/fp16, chunks in TMA_CHUNKS, a chunk a whole number of K steps): the TMA
       kernel, persistent. One chain (C = 1): the TMA_TILES shape with the best tile efficiency x wave
       efficiency. The 4-chunk ordered merge on sm_90 with many tiles and chunks of at most
-      GLUON_MAX_K_CHUNK: the Gluon kernel (GLUON_ROW_PARALLEL; `gluon=False` leaves it out). Otherwise the
+      GLUON_MAX_K_CHUNK: the Gluon kernel (GLUON_ROW_PARALLEL; `gluon=False` leaves it out); with too few
+      of its tiles for that but enough 64 x 64 ones, the same kernel on those (GLUON_FEW_TILES). Otherwise the
       first ROW_PARALLEL_TILES[merge] entry with enough tiles, else each chunk
       in its own program (SPLIT) on the largest TMA_TILES shape giving about two waves of programs;
     - otherwise: 128 x 256 pointer-load tiles, each K chunk in its own program (SPLIT)."""
@@ -278,7 +295,8 @@ def plan(m: int, n: int, device: torch.device, override: dict | None = None, chu
     if m <= 16:
         return dict(kind="swapped", BN=64, BT=16, num_warps=4, num_stages=5)
     if m <= SMALL_M:
-        return dict(kind="swapped", BN=64, BT=64, num_warps=4, num_stages=4)
+        narrow = chunks > 1 and _tr.cdiv(n, 64) * chunks * _tr.cdiv(m, 64) < SWAPPED_NARROW_FILL * _tr.sm_count(device)
+        return dict(kind="swapped", BN=64, BT=32 if narrow else 64, num_warps=4, num_stages=4)
     traits = _tr.gpu_traits(device)
     if traits is not None and traits.backend == "hip":
         # MI300X (gfx942) has 64 KB of LDS a workgroup and the 128 x 256 x 3-stage tile asks 96 KB there
@@ -292,11 +310,13 @@ def plan(m: int, n: int, device: torch.device, override: dict | None = None, chu
             bm, bn, warps, stages, _ = max(
                 TMA_TILES, key=lambda t: t[4] * _wave_efficiency(_tr.cdiv(m, t[0]) * _tr.cdiv(n, t[1]), sms))
             return dict(kind="tma", BM=bm, BN=bn, GROUP_M=8, split=False, num_warps=warps, num_stages=stages)
-        if (gluon and merge == "sequential" and _gluon.AVAILABLE and traits is not None and traits.arch == "sm_90"
-                and k_chunk <= GLUON_MAX_K_CHUNK
-                and _tr.cdiv(m, GLUON_ROW_PARALLEL["BM"]) * _tr.cdiv(n, GLUON_ROW_PARALLEL["BN"])
-                >= GLUON_FILL * sms):
-            return dict(kind="gluon", **GLUON_ROW_PARALLEL)
+        if gluon and merge == "sequential" and _gluon.AVAILABLE and traits is not None and traits.arch == "sm_90":
+            tiles = _tr.cdiv(m, GLUON_ROW_PARALLEL["BM"]) * _tr.cdiv(n, GLUON_ROW_PARALLEL["BN"])
+            if tiles >= GLUON_FILL * sms and k_chunk <= GLUON_MAX_K_CHUNK:
+                return dict(kind="gluon", **GLUON_ROW_PARALLEL)
+            if (tiles < GLUON_FILL * sms and _tr.cdiv(m, GLUON_FEW_TILES["BM"]) * _tr.cdiv(n, GLUON_FEW_TILES["BN"])
+                    >= GLUON_FEW_TILES_FILL * sms):
+                return dict(kind="gluon", **GLUON_FEW_TILES)
         for cfg, fill in ROW_PARALLEL_TILES[merge]:
             cfg = dict(cfg)
             if (_tr.cdiv(m, cfg["BM"]) * _tr.cdiv(n, cfg["BN"]) >= fill * sms

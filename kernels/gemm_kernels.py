@@ -144,7 +144,7 @@ def _arrive_and_combine(part, chunk, ws_ptr, ws_offs, mask, MN, cnt_ptr, y_ptr, 
         tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
 
 
-@jit
+@jit(do_not_specialize=["M"])
 def _gemm_swapped_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_x, stride_w, stride_y,
                          C: tl.constexpr, BN: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                          EVEN_K: tl.constexpr, IEEE: tl.constexpr, FOLD: tl.constexpr):
@@ -185,7 +185,7 @@ def _grouped_tile(tile, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.co
     return offs_m, offs_n, offs_m % M, offs_n % N, mask
 
 
-@jit
+@jit(do_not_specialize=["M"])
 def _gemm_tiles_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_x, stride_w, stride_y,
                        C: tl.constexpr, SPLIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                        BK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,

@@ -98,7 +98,7 @@ from rlkit.kernels import _triton as _tr  # noqa: E402
 from rlkit.kernels._triton import jit, tl  # noqa: E402
 
 
-@jit
+@jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, n_rows, H, eps,
                      HAS_RES: tl.constexpr, W_FP32: tl.constexpr, ROWS: tl.constexpr,
                      BLOCK_H: tl.constexpr):
@@ -219,7 +219,7 @@ def strict(x, weight, eps, contract, residual=None):
 # and the compiler free to fuse multiply-adds: nothing here is a contract. Launch shape as the strict
 # kernel's (`_tile`); no host sync, so decode graphs capture it.
 # =====================================================================================================
-@jit
+@jit(do_not_specialize=["n_rows"])
 def _native_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, n_rows, H, inv_h, eps,
                             HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -264,7 +264,7 @@ BACKWARD_PROGRAMS = 512
 few enough that the weight gradient's partial rows stay small (G x H fp32)."""
 
 
-@jit
+@jit(do_not_specialize=["n_rows", "n_tiles"])
 def _rms_norm_backward_kernel(x_ptr, r_ptr, w_ptr, gy_ptr, gs_ptr, gx_ptr, gw_ptr, n_rows, H, n_tiles, eps,
                               HAS_RES: tl.constexpr, HAS_GS: tl.constexpr, ROWS: tl.constexpr,
                               BLOCK_H: tl.constexpr):

@@ -113,8 +113,41 @@ class StepEvents:
 
     def _compiled(self, *args, **kwargs):
         fn = kwargs.get("fn")
-        self.compiles.append((time.perf_counter(), getattr(fn, "name", None) or str(kwargs.get("repr", "?"))[:60]))
+        name = getattr(fn, "name", None) or "?"
+        self.compiles.append((time.perf_counter(), name, self._specialization(fn, kwargs.get("compile") or {})))
         return None  # never skips a kernel
+
+    @staticmethod
+    def _specialization(fn, compile_info: dict) -> dict[str, str]:
+        """What a compile was specialized on, argument by argument: its type, its constexpr value, and the
+        attributes Triton inferred (an integer's divisibility by 16, a pointer's alignment), plus warps and
+        stages."""
+        names = list(getattr(getattr(fn, "jit_function", None), "arg_names", []) or [])
+
+        def arg(key) -> str:
+            idx = key[0] if isinstance(key, tuple) and key else key
+            return names[idx] if isinstance(idx, int) and idx < len(names) else str(key)
+
+        spec = {f"{k}": str(v) for k, v in (compile_info.get("signature") or {}).items()}
+        spec |= {f"{arg(k)}=": str(v) for k, v in (compile_info.get("constants") or {}).items()}
+        for attrs in compile_info.get("configs") or []:
+            spec |= {f"{arg(k)}@": str(v) for k, v in (attrs or {}).items()}
+        return spec | {"warps/stages": f"{compile_info.get('num_warps')}/{compile_info.get('num_stages')}"}
+
+    def new_specializations(self) -> list[str]:
+        """Each compile of a kernel already compiled before in this run: the arguments (and options) whose
+        specialization differs from its first compile, e.g. an integer now divisible by 16."""
+        first: dict[str, dict[str, str]] = {}
+        lines = []
+        for t, name, types in self.compiles:
+            if name not in first:
+                first[name] = types
+                continue
+            diff = {k: (first[name].get(k), types.get(k)) for k in first[name].keys() | types.keys()
+                    if first[name].get(k) != types.get(k)}
+            lines.append(f"  step {self.step_of(t)} {name}: " + (", ".join(f"{k} {a} -> {b}" for k, (a, b) in diff.items())
+                                                            or "the same specialization")[:400])
+        return lines
 
     def _gc(self, phase, info):
         if phase == "start":
@@ -161,7 +194,7 @@ class StepEvents:
 
     def report(self) -> str:
         by_step: dict[int, dict] = {}
-        for t, name in self.compiles:
+        for t, name, _ in self.compiles:
             by_step.setdefault(self.step_of(t), {"compiles": [], "gc_s": 0.0, "gc2": 0})["compiles"].append(name)
         for t, took, gen in self.collections:
             e = by_step.setdefault(self.step_of(t), {"compiles": [], "gc_s": 0.0, "gc2": 0})
@@ -173,7 +206,7 @@ class StepEvents:
             names = sorted(set(e["compiles"]))
             lines.append(f"  step {step}: {len(e['compiles'])} kernels compiled ({', '.join(names)[:300]}); "
                          f"gc {e['gc_s'] * 1e3:.1f} ms ({e['gc2']} full collections)")
-        return "\n".join(lines)
+        return "\n".join(lines + ["recompiles:"] + self.new_specializations())
 
 
 def timed_run(run_dir: Path, cfg, minutes: float, events: bool = False) -> tuple[list, dict[str, float]]:

@@ -116,7 +116,7 @@ def test_the_h200_gemm_tile_does_not_fit_mi300x_and_the_gfx942_plan_does():
 def test_gemm_plan_follows_the_target(monkeypatch):
     """sm_90 gets the TMA kernel (one chain: 128 x 256 tiles at 4096 x 4096) and, for the row-parallel
     ordered merge with many tiles and chunks of at most gemm.GLUON_MAX_K_CHUNK, the Gluon kernel (else the
-    Triton kernel's 128 x 128 tiles); gfx942 has no TMA and 64 KB of LDS: pointer-load 128 x 128 tiles, 2
+    Triton kernel's 128 x 128 tiles; with few tiles the Gluon kernel's 64 x 64 ones); gfx942 has no TMA and 64 KB of LDS: pointer-load 128 x 128 tiles, 2
     stages; without a GPU or the interpreter, pointer loads."""
     dev = torch.device("cuda", 0)
     one_chain = dict(chunks=1, k_chunk=4096)
@@ -128,6 +128,11 @@ def test_gemm_plan_follows_the_target(monkeypatch):
         nv_fold = gemm.plan(4096, 4096, dev, chunks=4, k_chunk=1024, merge="sequential")
         nv_long_chunks = gemm.plan(8192, 4096, dev, chunks=4, k_chunk=3072, merge="sequential")
         nv_few_tiles = gemm.plan(1024, 1024, dev, chunks=4, k_chunk=512, merge="sequential")
+        nv_fewer_tiles = gemm.plan(256, 1024, dev, chunks=4, k_chunk=512, merge="sequential")
+        nv_m256_long_chunks = gemm.plan(256, 4096, dev, chunks=4, k_chunk=3072, merge="sequential")
+        nv_decode_few = gemm.plan(64, 1024, dev, chunks=4, k_chunk=512, merge="sequential")
+        nv_decode = gemm.plan(64, 4096, dev, chunks=4, k_chunk=1024, merge="sequential")
+        nv_decode_one_chain = gemm.plan(64, 1024, dev, chunks=1, k_chunk=1024)
         nv_without = gemm.plan(4096, 4096, dev, chunks=4, k_chunk=1024, merge="sequential", gluon=False)
         monkeypatch.setattr(gemm._gluon, "AVAILABLE", False)
         nv_no_gluon = gemm.plan(4096, 4096, dev, chunks=4, k_chunk=1024, merge="sequential")
@@ -139,7 +144,11 @@ def test_gemm_plan_follows_the_target(monkeypatch):
     assert nv_fold == dict(kind="gluon", **gemm.GLUON_ROW_PARALLEL)
     for plan in (nv_long_chunks, nv_without, nv_no_gluon):
         assert (plan["kind"], plan["BM"], plan["BN"], plan.get("stash", 0)) == ("tma", 128, 128, 0), plan
-    assert nv_few_tiles["kind"] == "tma", nv_few_tiles
+    # too few 64 x 128 tiles for two an SM: 64 x 64 ones where they fill the SMs (any chunk length), else
+    # the Triton kernel's split; at M <= 64 32-token tiles where chunked programs would not fill the SMs
+    assert nv_few_tiles == nv_m256_long_chunks == dict(kind="gluon", **gemm.GLUON_FEW_TILES), nv_few_tiles
+    assert nv_fewer_tiles["kind"] == "tma" and nv_fewer_tiles["split"], nv_fewer_tiles
+    assert (nv_decode_few["BT"], nv_decode["BT"], nv_decode_one_chain["BT"]) == (32, 64, 64)
     assert amd_fold["kind"] == "tiles", amd_fold
     assert gemm.plan(4096, 4096, torch.device("cpu"), **one_chain)["kind"] == "tiles"
     assert _tr.sm_count(torch.device("cpu")) == 4  # the assumption ended with its block
