@@ -21,6 +21,7 @@ import csv
 import itertools
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -49,6 +50,21 @@ def _bench(fn, rep: int = 100) -> float:
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median"))
+
+
+def _bench_interleaved(fns: dict, rounds: int = 5, rep: int = 40) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Launch-bound calls timed in turn, `rounds` times (a b c a b c ...): each one's median milliseconds
+    over the rounds, and the rounds themselves, so a ratio can be taken round by round. Why: on the lent
+    H200's hosts the same launch took either ~45 or ~105 us, the state holding for seconds whatever ran
+    (lab/LOG.md 2026-12-04 session 21); calls timed seconds apart then compare two host states, calls
+    timed in one round the same one."""
+    per_round = [{name: _bench(fn, rep) for name, fn in fns.items()} for _ in range(rounds)]
+    return {name: statistics.median(r[name] for r in per_round) for name in fns}, per_round
+
+
+def _round_ratio(per_round: list[dict[str, float]], num: str, den: str) -> float:
+    """Median over rounds of per_round[num] / per_round[den]."""
+    return statistics.median(r[num] / r[den] for r in per_round)
 
 
 def _randn(*shape, scale=1.0, dtype=torch.bfloat16, seed=0):
@@ -266,28 +282,31 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
                                         torch.full((b,), ctx, dtype=torch.int64, device="cuda"), perm)
             plan = attention.attention_plan(q.shape, kc, lay, c)
             compiled.update((ln.kernel, ln) for ln in attention.launch(plan, q, kc, vc, c)[1])
-            t_str = _bench(lambda: attention.launch(plan, q, kc, vc, c))
             # native: SDPA over the same KV, already gathered contiguous per sequence (gather not timed)
             kg = kc[perm].reshape(b, ctx, g, d).transpose(1, 2).contiguous()
             vg = vc[perm].reshape(b, ctx, g, d).transpose(1, 2).contiguous()
             qn = q.unsqueeze(2)
             try:
-                t_nat = _bench(lambda: F.scaled_dot_product_attention(qn, kg, vg, enable_gqa=True))
-                impl = "native_sdpa_gqa"
+                F.scaled_dot_product_attention(qn, kg, vg, enable_gqa=True)
+                sdpa, impl = (lambda: F.scaled_dot_product_attention(qn, kg, vg, enable_gqa=True)), "native_sdpa_gqa"
             except Exception:  # noqa: BLE001 - older torch: expand the heads
                 kx, vx = kg.repeat_interleave(h // g, 1), vg.repeat_interleave(h // g, 1)
-                t_nat = _bench(lambda: F.scaled_dot_product_attention(qn, kx, vx))
-                impl = "native_sdpa_expanded"
-            # the native control's own paged decode (split-K flash-decoding off the page table)
-            t_paged = _bench(lambda: attention.native_paged_decode(q, kc, vc, lay))
+                sdpa, impl = (lambda: F.scaled_dot_product_attention(qn, kx, vx)), "native_sdpa_expanded"
+            # strict, SDPA and the native control's own paged decode (split-K flash-decoding off the page
+            # table) in turn: at small batches all three are launch-bound (`_bench_interleaved`)
+            times, per_round = _bench_interleaved({
+                "strict": lambda: attention.launch(plan, q, kc, vc, c), "sdpa": sdpa,
+                "paged": lambda: attention.native_paged_decode(q, kc, vc, lay)})
+            t_str, t_nat, t_paged = times["strict"], times["sdpa"], times["paged"]
             kv_bytes = 2.0 * b * ctx * g * d * 2
             shape = f"decode B={b} ctx={ctx} page={page} mode={plan['mode']}"
             for name, t in ((impl, t_nat), ("native_paged", t_paged), ("strict", t_str)):
                 rec.add("paged_decode", name, shape, "ms", t)
                 rec.add("paged_decode", name, shape, "GB/s_kv", kv_bytes / t / 1e6)
                 rec.add("paged_decode", name, shape, "fraction_of_hbm_limit", kv_bytes / HBM_BYTES_PER_S / (t / 1e3))
-            rec.add("paged_decode", "strict", shape, "ratio_vs_native", t_nat / t_str)
-            rec.add("paged_decode", "strict", shape, "ratio_vs_native_paged", t_paged / t_str)
+            rec.add("paged_decode", "strict", shape, "ratio_vs_native", _round_ratio(per_round, "sdpa", "strict"))
+            rec.add("paged_decode", "strict", shape, "ratio_vs_native_paged",
+                    _round_ratio(per_round, "paged", "strict"))
             for name, oc in others.items():
                 oplan = attention.attention_plan(q.shape, kc, lay, oc)
                 t = _bench(lambda: attention.launch(oplan, q, kc, vc, oc))
