@@ -129,3 +129,26 @@ def test_rms_norm_rows_render_under_their_kernel_whatever_their_file_called_the_
         text = render(rows)
         assert "## RMSNorm" in text, op
         assert "| rms_norm+residual 8x8 | strict | ratio_vs_native | 1.250 | 0.400 | 0.500 |" in text, op
+
+
+def test_launch_bound_calls_are_timed_in_turn_and_compared_round_by_round(monkeypatch):
+    """`_bench_interleaved`: a b a b ..., so each round's ratio compares one host state; a host whose launch
+    latency doubles between rounds leaves the round ratios alone (the medians of the times move)."""
+    from rlkit.bench import kernels
+
+    calls, slow = [], iter([1, 2, 2])  # the host's state: round 0 fast, rounds 1-2 slow
+    base = {"strict": 40.0, "paged": 50.0}
+    state = {}
+
+    def fake_bench(fn, rep=100):
+        name = fn()
+        if name == "strict":
+            state["k"] = next(slow)
+        calls.append(name)
+        return base[name] * state["k"]
+
+    monkeypatch.setattr(kernels, "_bench", fake_bench)
+    times, rounds = kernels._bench_interleaved({"strict": lambda: "strict", "paged": lambda: "paged"}, rounds=3)
+    assert calls == ["strict", "paged"] * 3
+    assert times == {"strict": 80.0, "paged": 100.0}
+    assert kernels._round_ratio(rounds, "paged", "strict") == 1.25
