@@ -52,6 +52,7 @@ ran: the next run's starting point, ~0 when the loop released its engines and tr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -97,6 +98,17 @@ def step_shapes(dry_run: bool) -> dict:
         # not the warm start: responses run to max_tokens, 160 here, about the warm-started arm's 157
         "learning": learning_0_6b(heldout_every=0, max_tokens=160),
     }
+
+
+def open_store_when_created(run_dir: Path, done: threading.Event):
+    """The run store at `run_dir` once the run has created it, or None if `done` is set first (for the
+    threads that watch a run from beside it)."""
+    from rlkit.timeline.store import DB_NAME, RunStore
+
+    while not (run_dir / DB_NAME).is_file():
+        if done.wait(0.05):
+            return None
+    return RunStore.open(run_dir)
 
 
 class StepEvents:
@@ -156,12 +168,9 @@ class StepEvents:
             self.collections.append((time.perf_counter(), time.perf_counter() - self._gc_start, info.get("generation")))
 
     def _watch(self):
-        from rlkit.timeline.store import DB_NAME, RunStore
-
-        while not (self.run_dir / DB_NAME).is_file():
-            if self._done.wait(0.05):
-                return
-        store = RunStore.open(self.run_dir)
+        store = open_store_when_created(self.run_dir, self._done)
+        if store is None:
+            return
         try:
             seen = None
             while not self._done.wait(0.02):
@@ -220,14 +229,12 @@ def timed_run(run_dir: Path, cfg, minutes: float, events: bool = False) -> tuple
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     timer.start()
-    watch = StepEvents(run_dir) if events else None
+    watch = StepEvents(run_dir) if events else contextlib.nullcontext()
     try:
-        if watch:
-            with watch:
-                store = run(run_dir, cfg, progress=False, stop=stop)
-            print(f"events in {run_dir.name}:\n{watch.report()}", flush=True)
-        else:
+        with watch:
             store = run(run_dir, cfg, progress=False, stop=stop)
+        if events:
+            print(f"events in {run_dir.name}:\n{watch.report()}", flush=True)
     finally:
         timer.cancel()
     with store:
@@ -313,13 +320,11 @@ def alternate_paths(run_dir: Path, done: threading.Event) -> None:
     both run the run's own path (strict) and the pattern is s s n s n ...; each step's `ops_paths` says
     what it ran (`interleaved_ratios` reads that, not this plan)."""
     from rlkit.contract import OPS
-    from rlkit.timeline.store import DB_NAME, RunStore
 
-    while not (run_dir / DB_NAME).is_file():
-        if done.wait(0.05):
-            return
+    store = open_store_when_created(run_dir, done)
+    if store is None:
+        return
     seen = None
-    store = RunStore.open(run_dir)
     try:
         while not done.wait(0.02):
             last = store.last_step()

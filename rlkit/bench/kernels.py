@@ -286,9 +286,9 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
             kg = kc[perm].reshape(b, ctx, g, d).transpose(1, 2).contiguous()
             vg = vc[perm].reshape(b, ctx, g, d).transpose(1, 2).contiguous()
             qn = q.unsqueeze(2)
+            sdpa, impl = (lambda: F.scaled_dot_product_attention(qn, kg, vg, enable_gqa=True)), "native_sdpa_gqa"
             try:
-                F.scaled_dot_product_attention(qn, kg, vg, enable_gqa=True)
-                sdpa, impl = (lambda: F.scaled_dot_product_attention(qn, kg, vg, enable_gqa=True)), "native_sdpa_gqa"
+                sdpa()
             except Exception:  # noqa: BLE001 - older torch: expand the heads
                 kx, vx = kg.repeat_interleave(h // g, 1), vg.repeat_interleave(h // g, 1)
                 sdpa, impl = (lambda: F.scaled_dot_product_attention(qn, kx, vx)), "native_sdpa_expanded"
