@@ -5,10 +5,16 @@ every rank receives all of them and computes the same pairwise tree (kernels/tre
 every rank holds the same bits, and those bits equal the single-process tree over the same partials.
 Never a ring or the library's algorithm choice, whose order depends on the world size and the transport.
 
+The chained merge (contract v6's row-parallel GEMM) moves no partials to be combined: `chain` passes
+one running fp32 sum through the ranks in rank order (rank r continues the sum of ranks 0..r-1), and the
+last rank's result, rounded once, is broadcast. The order is fixed by the ranks, never the transport.
+
 Works over any torch.distributed process group (gloo on the CPU, NCCL on GPUs).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -55,4 +61,32 @@ def native(tensor: torch.Tensor, group=None) -> torch.Tensor:
     out = tensor.clone()
     if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(out, group=group)
+    return out
+
+
+def chain(step: Callable[[torch.Tensor | None], torch.Tensor], shape: tuple[int, ...], device: torch.device,
+          out_dtype: torch.dtype, group=None) -> torch.Tensor:
+    """The running fp32 sum passed through `group` in rank order: rank 0 computes `step(None)` (its part
+    from zero), rank r > 0 receives rank r - 1's sum and computes `step(start)` (its part accumulated onto
+    it) and passes it on; the last rank rounds it once to `out_dtype` and broadcasts it, so every rank
+    returns the same bits, those of one process running every rank's step in turn. `shape`: the sum's."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return step(None).to(out_dtype)
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(world)]
+    start = None
+    if rank > 0:
+        start = torch.empty(shape, dtype=torch.float32, device=device)
+        dist.recv(start, src=ranks[rank - 1], group=group)
+    total = step(start)
+    if total.dtype != torch.float32 or tuple(total.shape) != tuple(shape):
+        raise OpInputError(OP, f"a chain step must return the fp32 running sum {tuple(shape)}; got "
+                               f"{total.dtype} {tuple(total.shape)}")
+    if rank < world - 1:
+        dist.send(total.contiguous(), dst=ranks[rank + 1], group=group)
+        out = torch.empty(shape, dtype=out_dtype, device=device)
+    else:
+        out = total.to(out_dtype).contiguous()
+    dist.broadcast(out, src=ranks[-1], group=group)
     return out

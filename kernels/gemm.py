@@ -4,7 +4,9 @@ Contract (GemmSpec): K is cut into `chunk_count(contract, row_parallel)` equal c
 the row-parallel layers, whose K tensor parallelism splits; `column_k_chunks` for every other GEMM); each
 chunk's partial sum is fp32; the partials merge in fp32 by `gemm.chunk_merge` (in chunk order from version
 5, ((c0 + c1) + c2) + c3; the canonical pairwise tree of kernels/tree.py before); the result is rounded once.
-With one chunk the sum is one fp32 chain over K in K order.
+With one chunk the sum is one fp32 chain over K in K order. Under the chained merge (contract v6, the
+row-parallel layers) no chunk but the first starts from zero: chunk c accumulates onto the fp32 sum of
+chunks 0..c-1 (`chain_partial`), which on the GPU is one chain over K, the column layers' arithmetic.
 
 CPU reference: each chunk partial comes from the backend's fp32 GEMM, but every call has exactly
 `row_tile` rows (padded with zero rows), so the backend's blocking, and therefore each row's order of
@@ -16,7 +18,8 @@ Row-parallel tensor parallelism: a rank holding K/tp of the columns computes `sh
 fp32 pieces of the merge it can finish alone (the subtree of its k_chunks/tp chunks under the pairwise
 tree; each of its chunk partials under the sequential merge, whose running sum crosses the ranks); the
 ranks gather them in rank order (`rlkit.kernels.collectives.gather`) and `merge` finishes the same
-merge, so TP 1, 2 and 4 give the same bits.
+merge, so TP 1, 2 and 4 give the same bits. Under the chained merge a rank instead continues the running
+sum of the ranks before it (`chain_partial(..., start=)`; `rlkit.kernels.collectives.chain` passes it on).
 
 GPU: the Triton kernels of kernels/gemm_kernels.py run the same contract on tensor cores for CUDA tensors
 (`strict(...)` picks them; `rlkit.ops.linear` calls `strict`). They read `gemm.k_chunks`, `gemm.k_tile`,
@@ -59,6 +62,19 @@ def chunk_count(contract: NumericsContract, row_parallel: bool) -> int:
     if row_parallel or spec.column_k_chunks is None:
         return spec.k_chunks
     return spec.column_k_chunks
+
+
+def chained(contract: NumericsContract, row_parallel: bool) -> bool:
+    """Whether this GEMM's chunks chain (each starts from the running sum of those before it): the
+    row-parallel layers under gemm.chunk_merge = "chained" (contract v6). On the GPU such a product is
+    one chain over K, computed by the one-chain kernels (and the cuBLAS route) of the column layers."""
+    return row_parallel and contract.gemm.chunk_merge == "chained"
+
+
+def kernel_chunks(contract: NumericsContract, row_parallel: bool, shards: int = 1) -> int:
+    """How many from-zero chunk chains a GPU kernel computes for one shard's product: 1 where the chunks
+    chain (one chain over the shard's K), else the shard's share of the contract's chunks."""
+    return 1 if chained(contract, row_parallel) else chunk_count(contract, row_parallel) // max(shards, 1)
 
 
 def _chunk_bounds(k: int, chunks: int, contract: NumericsContract, row_parallel: bool) -> list[tuple[int, int]]:
@@ -122,6 +138,11 @@ def merge(parts, contract: NumericsContract) -> torch.Tensor:
     says: added in order ("sequential") or by the canonical pairwise tree. `parts` is a sequence of
     tensors or one tensor whose first dimension runs over them."""
     items = list(parts.unbind(0)) if isinstance(parts, torch.Tensor) else list(parts)
+    if contract.gemm.chunk_merge == "chained":
+        if len(items) != 1:
+            raise OpInputError(OP, f"{len(items)} fp32 pieces to merge: under the chained merge a product has "
+                                   f"one running sum (pass it on with chain_partial(..., start=))")
+        return items[0]
     if contract.gemm.chunk_merge == "sequential":
         return sequential_sum(items)
     return pairwise_sum(items)
@@ -134,6 +155,44 @@ def pieces_per_shard(contract: NumericsContract, shards: int, row_parallel: bool
     return chunks if contract.gemm.chunk_merge == "sequential" and shards > 1 else 1
 
 
+def chain_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, start: torch.Tensor | None = None,
+                  shards: int = 1) -> torch.Tensor:
+    """fp32 [..., N]: a row-parallel shard's product under the chained merge, unrounded. `start` is the
+    running fp32 sum of the K before this shard (the ranks before it; None: this shard's K comes first, the
+    chain starts from zero). The CPU reference: each of the shard's gemm.k_chunks / shards chunks is one
+    backend fp32 GEMM of `row_tile` rows onto the running sum (torch.addmm, beta = 1), so TP t issues,
+    rank after rank, exactly the calls TP 1 issues."""
+    check_inputs(x, w)
+    if not chained(contract, True):
+        raise OpInputError(OP, f"chain_partial needs gemm.chunk_merge = 'chained' (contract v6); this contract's "
+                               f"is {contract.gemm.chunk_merge!r} (use shard_partials)")
+    chunks_total = _check_shards(contract, shards, True)
+    bounds = _chunk_bounds(w.shape[1], chunks_total // shards, contract, True)
+    lead = x.shape[:-1]
+    x2d = x.reshape(-1, x.shape[-1]).float()
+    _check_start(start, x2d.shape[0], w.shape[0], x.device)
+    tile = contract.gemm.row_tile
+    padded, m = _tile_rows(x2d, tile)
+    acc_in = None if start is None else _tile_rows(start.reshape(m, -1).float(), tile)[0]
+    w_chunks = _weight_chunks(w, bounds)
+    x_chunks = [padded[:, lo:hi].contiguous() for lo, hi in bounds]
+    out = torch.empty(padded.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
+    for r in range(0, padded.shape[0], tile):
+        acc = None if acc_in is None else acc_in[r : r + tile]
+        for xc, wc in zip(x_chunks, w_chunks):
+            acc = xc[r : r + tile] @ wc.t() if acc is None else torch.addmm(acc, xc[r : r + tile], wc.t())
+        out[r : r + tile] = acc
+    return out[:m].reshape(*lead, w.shape[0])
+
+
+def _check_start(start: torch.Tensor | None, m: int, n: int, device: torch.device) -> None:
+    if start is None:
+        return
+    if start.dtype != torch.float32 or start.device != device or start.numel() != m * n:
+        raise OpInputError(OP, f"the running sum to continue must be fp32 [{m}, {n}] on {device}; got "
+                               f"{start.dtype} {tuple(start.shape)} on {start.device}")
+
+
 def shard_partials(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1,
                    row_parallel: bool = False) -> torch.Tensor:
     """[pieces, ..., N] fp32: what this shard's K range contributes to the merge, unrounded
@@ -141,6 +200,11 @@ def shard_partials(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
     gemm.column_k_chunks). `merge` over every shard's pieces in rank order gives `partial(x, w)` of the
     whole K; with shards=1 the one piece is that full fp32 result before its single rounding."""
     check_inputs(x, w)
+    if chained(contract, row_parallel):
+        if shards > 1:
+            raise OpInputError(OP, f"{shards} shards under the chained merge: a shard continues the running sum "
+                                   f"of the shards before it (chain_partial(..., start=)), it has no pieces of its own")
+        return chain_partial(x, w, contract).unsqueeze(0)
     chunks_total = _check_shards(contract, shards, row_parallel)
     bounds = _chunk_bounds(w.shape[1], chunks_total // shards, contract, row_parallel)
     pieces = pieces_per_shard(contract, shards, row_parallel)
@@ -185,8 +249,8 @@ def native(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = Non
 from rlkit.kernels import _triton as _tr  # noqa: E402
 from rlkit.kernels import gemm_cublas as _cublas  # noqa: E402
 from rlkit.kernels import gemm_gluon as _gluon  # noqa: E402
-from rlkit.kernels.gemm_kernels import (TREE_CHUNKS, _gemm_swapped_kernel, _gemm_tiles_kernel,  # noqa: E402
-                                        _gemm_tma_flat_kernel, _gemm_tma_kernel)
+from rlkit.kernels.gemm_kernels import (TREE_CHUNKS, _gemm_continue_kernel, _gemm_swapped_kernel,  # noqa: E402
+                                        _gemm_tiles_kernel, _gemm_tma_flat_kernel, _gemm_tma_kernel)
 
 # -- launch plans: which kernel and tile for a shape. None of these choices changes a bit (see above).
 SMALL_M = 64
@@ -371,6 +435,14 @@ def supported(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shar
             and x.dtype == w.dtype)
 
 
+def _chain_k_check(w: torch.Tensor, contract: NumericsContract, shards: int) -> None:
+    """A chained product is one chain on the GPU, but its K must cut into the contract's chunks as on
+    the CPU (the same shapes are accepted on both): the reference's error otherwise."""
+    per_shard = _check_shards(contract, shards, True) // shards
+    if w.shape[1] % per_shard:
+        _chunk_bounds(w.shape[1], per_shard, contract, True)
+
+
 def triton_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1,
                    out_dtype: torch.dtype = torch.float32, config: dict | None = None,
                    row_parallel: bool = False) -> torch.Tensor:
@@ -395,6 +467,9 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
                   row_parallel: bool = False) -> tuple[torch.Tensor, list[_tr.Launch]]:
     """`triton_partial` and what it launched: one `Launch` (kernel, plan, compiled stats) a kernel call."""
     check_inputs(x, w)
+    if chained(contract, row_parallel):
+        _chain_k_check(w, contract, shards)
+        return _launch(x, w, 1, contract, out_dtype, config)
     c = _check_shards(contract, shards, row_parallel) // shards
     if w.shape[1] % c:
         _chunk_bounds(w.shape[1], c, contract, row_parallel)  # raises the reference's error
@@ -532,7 +607,9 @@ class _StrictLinear(torch.autograd.Function):
 def _forward(x, w, contract, out_dtype, row_parallel):
     if _tr.on_gpu(x, w) and supported(x, w, contract, 1, row_parallel):
         out = out_dtype or x.dtype
-        if chunk_count(contract, row_parallel) == 1:
+        if chained(contract, row_parallel):
+            _chain_k_check(w, contract, 1)
+        if kernel_chunks(contract, row_parallel) == 1:
             x2 = x.reshape(-1, x.shape[-1])
             if _cublas.admitted(x2, w, out, contract, lambda a, b: _launch(a, b, 1, contract, out, None)[0]):
                 return _cublas.linear(x2, w, out).reshape(*x.shape[:-1], w.shape[0])
@@ -572,3 +649,48 @@ def strict_shard_partials(x: torch.Tensor, w: torch.Tensor, contract: NumericsCo
             torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)):
         return triton_shard_partials(x, w, contract, shards)
     return shard_partials(x, w, contract, shards, row_parallel=True)
+
+
+def strict_chain_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
+                         start: torch.Tensor | None = None, shards: int = 1) -> torch.Tensor:
+    """`chain_partial` on the GPU (forward only): without `start` the shard's one chain from zero (the
+    one-chain kernels, cuBLAS where admitted, fp32 out); with it `_gemm_continue_kernel`, the chain run on
+    from the running sum. Elsewhere the reference."""
+    if not (_tr.on_gpu(x, w) and supported(x, w, contract, shards, True) and chained(contract, True)
+            and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+        return chain_partial(x, w, contract, start, shards)
+    check_inputs(x, w)
+    _chain_k_check(w, contract, shards)
+    if start is None:
+        return _forward(x, w, contract, torch.float32, True)
+    return continue_launch(x, w, start, contract)[0]
+
+
+def continue_plan(m: int, n: int, device: torch.device) -> dict:
+    """`_gemm_continue_kernel`'s tiles: the swapped plan of the row count (M > 64: 64 tokens a tile)."""
+    return plan(min(m, SMALL_M), n, device, chunks=1)
+
+
+def continue_launch(x: torch.Tensor, w: torch.Tensor, start: torch.Tensor, contract: NumericsContract,
+                    out_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, list[_tr.Launch]]:
+    """start + x @ w.T as one tensor-core chain that starts from `start` (fp32 [..., N]), rounded once to
+    out_dtype; and what it launched. The swapped tiles of `plan` for the row count (weights the MMA's
+    row operand: the wgmma shapes at every M)."""
+    k = w.shape[1]
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k).contiguous()
+    w = w if w.stride(-1) == 1 else w.contiguous()
+    m, n = x2.shape[0], w.shape[0]
+    _check_start(start, m, n, x.device)
+    start2 = start.reshape(m, n).contiguous()
+    y = torch.empty(m, n, dtype=out_dtype, device=x.device)
+    if m == 0:
+        return y.reshape(*lead, n), []
+    bk = contract.gemm.k_tile
+    cfg = continue_plan(m, n, x.device)
+    grid = (_tr.cdiv(n, cfg["BN"]), _tr.cdiv(m, cfg["BT"]))
+    compiled = _gemm_continue_kernel[grid](x2, w, start2, y, m, n, k, x2.stride(0), w.stride(0), y.stride(0),
+                                           BN=cfg["BN"], BT=cfg["BT"], BK=bk, EVEN_K=k % bk == 0,
+                                           IEEE=x.dtype == torch.float32, num_warps=cfg["num_warps"],
+                                           num_stages=cfg["num_stages"], **_tr.launch_options(contract))
+    return y.reshape(*lead, n), [_tr.Launch("continue", dict(cfg, grid=grid, BK=bk), compiled)]

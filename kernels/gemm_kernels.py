@@ -26,6 +26,8 @@ from __future__ import annotations
 #   tree with C = 4, with (c0 + c1) parked in the program's own fp32 slot; with too few tiles, the C chunks go to C
 #   programs that combine as above (SPLIT=True). With C = 1 (contract v3's column-parallel layers) a
 #   tile is one chain over K, which is what lets it reach cuBLAS speed;
+# - `_gemm_continue_kernel` (contract v6's chained merge, TP ranks after the first): one chain over
+#   the rank's K slice that starts from the running sum the ranks before it passed on;
 # - `_gemm_tiles_kernel` (M > 64 elsewhere: fp32, a chunk not a whole number of K steps, C = 8, no TMA):
 #   the same with pointer loads, in registers (SPLIT=False) or split over C programs (SPLIT=True).
 # Where the chunk sums meet (registers, a slot or an fp32 workspace) and the tile shape never change a value: an
@@ -45,8 +47,15 @@ def _chunk_rows(x_ptr, w_ptr, rows, cols, k_lo, k_hi, stride_x, stride_w,
                 IEEE: tl.constexpr):
     """fp32 [BR, BC] = sum over k in [k_lo, k_hi) of x[rows, k] * w[cols, k], BK steps in K order.
     `rows`/`cols` are already clamped into range (out-of-range tiles reload valid rows; the store masks)."""
+    return _chain_rows(tl.zeros((BR, BC), dtype=tl.float32), x_ptr, w_ptr, rows, cols, k_lo, k_hi, stride_x,
+                       stride_w, BK, EVEN_K, IEEE)
+
+
+@jit
+def _chain_rows(acc, x_ptr, w_ptr, rows, cols, k_lo, k_hi, stride_x, stride_w, BK: tl.constexpr,
+                EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+    """`_chunk_rows` onto the fp32 accumulator `acc` [BR, BC] instead of zero: the chain runs on."""
     offs_k = tl.arange(0, BK)
-    acc = tl.zeros((BR, BC), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         ks = k0 + offs_k
         a_ptrs = x_ptr + rows[:, None] * stride_x + ks[None, :]
@@ -167,6 +176,25 @@ def _gemm_swapped_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, KC, stride_
         tile = pid_t * tl.num_programs(0) + pid_n
         _arrive_and_combine(part, chunk, ws_ptr, offs_t[None, :].to(tl.int64) * N + offs_n[:, None], mask,
                             (tl.full([], 0, tl.int64) + M) * N, cnt_ptr + tile, y_ptr, y_offs, C, FOLD)
+
+
+@jit(do_not_specialize=["M"])
+def _gemm_continue_kernel(x_ptr, w_ptr, start_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
+                          BN: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                          IEEE: tl.constexpr):
+    """The chained merge's TP continuation (contract v6): y = start + x @ w.T where the tensor-core chain
+    starts from the fp32 running sum `start` [M, N] (what the ranks before this one summed) instead of
+    zero, so rank r's steps extend ranks 0..r-1's chain exactly as one program over the whole K does.
+    Swapped tiles (weights the MMA's row operand, [BN, BT] accumulators) at every M."""
+    pid_n = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_t = pid_t * BT + tl.arange(0, BT)
+    mask = (offs_n[:, None] < N) & (offs_t[None, :] < M)
+    acc = tl.load(start_ptr + offs_t[None, :].to(tl.int64) * N + offs_n[:, None], mask=mask, other=0.0)
+    acc = _chain_rows(acc, w_ptr, x_ptr, offs_n % N, offs_t % M, 0, K, stride_w, stride_x, BK, EVEN_K, IEEE)
+    tl.store(y_ptr + offs_t[None, :].to(tl.int64) * stride_y + offs_n[:, None], acc.to(y_ptr.dtype.element_ty),
+             mask=mask)
 
 
 @jit

@@ -36,8 +36,13 @@ Its attention bits differ from v3's; everything else is v3's. `qwen3-dense-stric
 `gemm.chunk_merge`: a row-parallel GEMM's four chunk sums are added in chunk order instead of the pairwise
 tree, so a GPU program that sums every chunk of a tile holds two accumulators instead of three (on the
 H200 its o/down projections ran 10-20 % faster than v4's at M >= 1024); a TP rank then contributes its
-chunk sums unmerged. Its row-parallel GEMM bits differ from v4's; everything else is v4's. Older versions
-stay selectable
+chunk sums unmerged. Its row-parallel GEMM bits differ from v4's; everything else is v4's.
+`qwen3-dense-strict-v6` (the default) sets `gemm.chunk_merge = "chained"`: a row-parallel chunk's sum
+starts from the running fp32 sum of the chunks before it instead of from zero, so on the GPU the layer is
+one chain over K, the column layers' arithmetic (any tile, cuBLAS without split-K), and no kernel holds a
+second accumulator; under tensor parallelism the ranks pass that running sum on in rank order (rank r
+continues the chain of ranks 0..r-1; kernels/collectives.py `chain`). Its row-parallel bits differ from
+v5's; everything else is v5's. Older versions stay selectable
 (`NumericsContract.named(...)`): each serializes its own field set and keeps the fingerprints its runs
 recorded (v1: b8dbda3e304b4df3, all strict). A run's records are compared only with records of the same
 fingerprint, so runs of two versions are never compared (`rlkit.divergence.check_fingerprints` names both
@@ -112,6 +117,9 @@ class OpPaths(_Section):
             _one_of(f"paths.{op}", getattr(self, op), PATHS)
 
 
+CHUNK_MERGES = ("chained", "sequential", "pairwise_tree")
+
+
 @dataclass(frozen=True)
 class GemmSpec(_Section):
     """GEMM (every linear layer and the lm_head): y[m, n] = sum_k x[m, k] * w[n, k].
@@ -133,16 +141,20 @@ class GemmSpec(_Section):
     so the backend's blocking, and each row's reduction order, never depends on the batch size."""
     k_tile: int = 64
     """GPU kernels: K elements per pipelined step inside a chunk; steps accumulate sequentially in order."""
-    chunk_merge: str = "sequential"
+    chunk_merge: str = "chained"
     """Version 5: how the fp32 chunk partials of one output element meet. "sequential": added in chunk
     order, ((c0 + c1) + c2) + c3, so a kernel computing every chunk of a tile holds two accumulators at
     most (the running chunk and the sum so far); a TP rank then contributes its chunks' partials
     unmerged and the gathered C partials are added in that order. "pairwise_tree" (versions 1-4): the
     canonical pairwise tree ((c0 + c1) + (c2 + c3)), three accumulators while c3 is summed; a TP rank
-    contributes its subtree."""
+    contributes its subtree. "chained" (version 6): no chunk starts from zero but the first; chunk c's
+    products accumulate onto the fp32 sum of chunks 0..c-1 (the device GEMM's accumulator input: on the
+    GPU the tensor-core chain simply runs on, so the whole K is one chain in K order; on the CPU the
+    backend's fp32 GEMM with that sum as C, beta = 1, per row tile); a TP rank receives the running sum of
+    the ranks before it and passes its own on, in rank order."""
 
     def validate(self) -> None:
-        _one_of("gemm.chunk_merge", self.chunk_merge, ("sequential", "pairwise_tree"))
+        _one_of("gemm.chunk_merge", self.chunk_merge, CHUNK_MERGES)
         for name in ("k_chunks", "column_k_chunks"):
             value = getattr(self, name)
             if name == "column_k_chunks" and value is None:
@@ -261,8 +273,9 @@ V2_NAME = "qwen3-dense-strict-v2"
 V3_NAME = "qwen3-dense-strict-v3"
 V4_NAME = "qwen3-dense-strict-v4"
 V5_NAME = "qwen3-dense-strict-v5"
-VERSIONS = (1, 2, 3, 4, 5)
-NAMES = {V5_NAME: 5, V4_NAME: 4, V3_NAME: 3, V2_NAME: 2, V1_NAME: 1}
+V6_NAME = "qwen3-dense-strict-v6"
+VERSIONS = (1, 2, 3, 4, 5, 6)
+NAMES = {V6_NAME: 6, V5_NAME: 5, V4_NAME: 4, V3_NAME: 3, V2_NAME: 2, V1_NAME: 1}
 """Every released contract, newest (the default) first, with its version."""
 
 V1_FIXED: dict[str, dict[str, str]] = {
@@ -291,6 +304,7 @@ did): an earlier version does not write them and accepts no other value."""
 
 CHANGED_IN: dict[int, dict[str, dict[str, Any]]] = {
     4: {"attention": {"block_size": 32, "split_size": 256}},
+    6: {"gemm": {"chunk_merge": "sequential"}},
 }
 """Defaults a version changed, with the value every earlier version has: {version: {section: {field:
 earlier value}}}. Every version writes these fields, so stores read back unchanged; `named()` builds an
@@ -311,9 +325,9 @@ def absent_fields(version: int) -> dict[str, dict[str, Any]]:
 class NumericsContract:
     """A named, versioned, frozen numerics contract. Build with `default()` and derive with `with_ops`."""
 
-    name: str = V5_NAME
-    version: int = 5
-    """The structure of the fields: 1 (the v1 field set, V1_FIXED included), 2, 3, 4 or 5 (this class's
+    name: str = V6_NAME
+    version: int = 6
+    """The structure of the fields: 1 (the v1 field set, V1_FIXED included), 2, 3, 4, 5 or 6 (this class's
     fields); ADDED_IN says which fields each version added."""
     paths: OpPaths = field(default_factory=OpPaths)
     gemm: GemmSpec = field(default_factory=GemmSpec)
@@ -328,7 +342,7 @@ class NumericsContract:
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def default(cls) -> "NumericsContract":
-        """`qwen3-dense-strict-v5` with every op on the strict path."""
+        """`qwen3-dense-strict-v6` with every op on the strict path."""
         return cls()
 
     @classmethod
@@ -343,11 +357,13 @@ class NumericsContract:
         if name not in NAMES:
             raise ContractError("name", name, " | ".join(NAMES))
         version = NAMES[name]
-        defaults = absent_fields(version)
+        defaults: dict[str, dict[str, Any]] = {}
         for changed, fields_by_section in sorted(CHANGED_IN.items(), reverse=True):
             if changed > version:
                 for section, fields in fields_by_section.items():
                     defaults.setdefault(section, {}).update(fields)
+        for section, fields in absent_fields(version).items():  # a field the version lacks: its fixed value
+            defaults.setdefault(section, {}).update(fields)
         sections = {section: dataclasses.replace(_SECTIONS[section](), **fields)
                     for section, fields in defaults.items()}
         return cls(name=name, version=version, **sections)
@@ -406,6 +422,9 @@ class NumericsContract:
                 if getattr(getattr(self, section), key) != fixed:
                     raise ContractError(f"{section}.{key}", getattr(getattr(self, section), key),
                                         f"{fixed!r} (version {self.version} fixes it; a later version can change it)")
+        if self.gemm.chunk_merge == "chained" and self.version < 6:
+            raise ContractError("gemm.chunk_merge", "chained",
+                                f"sequential | pairwise_tree (the chained merge is version 6's; this is version {self.version})")
 
     def path(self, op: str) -> str:
         if op not in OPS:

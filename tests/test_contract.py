@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_default_is_named_versioned_and_all_strict():
     c = NumericsContract.default()
-    assert c.name == "qwen3-dense-strict-v5"
-    assert c.version == 5
+    assert c.name == "qwen3-dense-strict-v6"
+    assert c.version == 6
     assert c.all_strict
     assert all(c.path(op) == "strict" for op in OPS)
 
@@ -68,7 +68,7 @@ def test_v3_sums_k_in_one_chain_except_where_tensor_parallelism_splits_it():
     assert v3.fingerprint() == "4ad5da738c5d861c"  # what v3 runs recorded (the golden run of 2026-12-01)
     assert len({NumericsContract.named(n).fingerprint() for n in
                 ("qwen3-dense-strict-v1", "qwen3-dense-strict-v2", "qwen3-dense-strict-v3",
-                 "qwen3-dense-strict-v4", "qwen3-dense-strict-v5")}) == 5
+                 "qwen3-dense-strict-v4", "qwen3-dense-strict-v5", "qwen3-dense-strict-v6")}) == 6
 
 
 def test_v4_folds_split_states_in_order_and_sums_p_on_the_matrix_unit():
@@ -90,17 +90,36 @@ def test_v4_folds_split_states_in_order_and_sums_p_on_the_matrix_unit():
 def test_v5_merges_gemm_chunks_in_order_and_keeps_v4_elsewhere():
     """v5 adds gemm.chunk_merge ("sequential"); v4 neither writes it nor accepts another value than the
     pairwise tree its kernels ran, so v4 stores read back with their fingerprints."""
-    v5, v4 = NumericsContract.default(), NumericsContract.named("qwen3-dense-strict-v4")
+    v5, v4 = NumericsContract.named("qwen3-dense-strict-v5"), NumericsContract.named("qwen3-dense-strict-v4")
     assert v5.gemm.chunk_merge == "sequential" and v4.gemm.chunk_merge == "pairwise_tree"
     assert "chunk_merge" not in json.loads(v4.to_json())["gemm"]
     assert json.loads(v5.to_json())["gemm"]["chunk_merge"] == "sequential"
     assert (v5.attention, v5.logprob, v5.rms_norm, v5.gpu) == (v4.attention, v4.logprob, v4.rms_norm, v4.gpu)
     assert dataclasses.replace(v5.gemm, chunk_merge="pairwise_tree") == v4.gemm
     with pytest.raises(ContractError, match="version 4 fixes it"):
-        v4.replace(gemm=GemmSpec())  # chunk_merge defaults to v5's
+        v4.replace(gemm=GemmSpec(chunk_merge="sequential"))  # v5's merge
     with pytest.raises(ContractError, match="gemm.chunk_merge"):
         GemmSpec(chunk_merge="ring")
     for c in (v4, v5, v5.with_ops(linear="native")):
+        back = NumericsContract.from_json(c.to_json())
+        assert back == c and back.fingerprint() == c.fingerprint()
+    assert v5.fingerprint() == "72aaa5a31841ace5"  # what v5 runs recorded
+
+
+def test_v6_chains_the_row_parallel_chunks_and_keeps_v5_elsewhere():
+    """v6 changes one value: gemm.chunk_merge = "chained" (v5's field, so v5 stores read back unchanged);
+    no earlier version accepts the chained merge, and v6 may still name the others."""
+    v6, v5 = NumericsContract.default(), NumericsContract.named("qwen3-dense-strict-v5")
+    assert NumericsContract.named("qwen3-dense-strict-v6") == v6
+    assert v6.gemm.chunk_merge == "chained" and v5.gemm.chunk_merge == "sequential"
+    assert dataclasses.replace(v6.gemm, chunk_merge="sequential") == v5.gemm
+    assert (v6.attention, v6.logprob, v6.rms_norm, v6.gpu) == (v5.attention, v5.logprob, v5.rms_norm, v5.gpu)
+    assert json.loads(v6.to_json())["gemm"]["chunk_merge"] == "chained"
+    assert v6.fingerprint() != v5.fingerprint()
+    with pytest.raises(ContractError, match="the chained merge is version 6's; this is version 5"):
+        v5.replace(gemm=GemmSpec())
+    v6.replace(gemm=GemmSpec(chunk_merge="sequential"))  # accepted: a variant with its own fingerprint
+    for c in (v6, v6.with_ops(all_reduce="native")):
         back = NumericsContract.from_json(c.to_json())
         assert back == c and back.fingerprint() == c.fingerprint()
 
@@ -179,16 +198,16 @@ def test_json_round_trip_keeps_every_field():
     (lambda: RmsNormSpec(weight_multiply="bfloat16"), "rms_norm.weight_multiply", "model_dtype | float32"),
     (lambda: GpuSpec(fp_fusion=True), "gpu.fp_fusion", "False"),
     (lambda: NumericsContract(name=""), "name", "non-empty"),
-    (lambda: NumericsContract(version=6), "version", "1 | 2 | 3 | 4 | 5"),
-    (lambda: NumericsContract.from_json('{"version": 7}'), "version", "1 | 2 | 3 | 4 | 5"),
-    (lambda: GemmSpec(chunk_merge="ring"), "gemm.chunk_merge", "sequential | pairwise_tree"),
+    (lambda: NumericsContract(version=7), "version", "1 | 2 | 3 | 4 | 5 | 6"),
+    (lambda: NumericsContract.from_json('{"version": 7}'), "version", "1 | 2 | 3 | 4 | 5 | 6"),
+    (lambda: GemmSpec(chunk_merge="ring"), "gemm.chunk_merge", "chained | sequential | pairwise_tree"),
     (lambda: AttentionSpec(split_merge="stack"), "attention.split_merge", "sequential | pairwise_tree"),
     (lambda: AttentionSpec(row_sum="warp"), "attention.row_sum", "tensor_core | tile_reduce"),
     (lambda: NumericsContract.from_json('{"version": 2, "gemm": {"column_k_chunks": 1}}'),
      "gemm.column_k_chunks", "k_chunks"),
     (lambda: NumericsContract(version=0), "version", "positive"),
     (lambda: NumericsContract(gemm="fast"), "gemm", "GemmSpec"),
-    (lambda: NumericsContract.named("qwen3-dense-fast"), "name", "qwen3-dense-strict-v5"),
+    (lambda: NumericsContract.named("qwen3-dense-fast"), "name", "qwen3-dense-strict-v6"),
     # version 1 fixes the scan block it never wrote, and its written-but-unread fields to their one value
     (lambda: NumericsContract.v1().replace(logprob=LogprobSpec(top_p_scan_block=512)),
      "logprob.top_p_scan_block", "version 1 fixes it"),
@@ -236,7 +255,7 @@ def test_records_of_different_contracts_are_never_compared():
     msg = str(err.value)
     assert "\n" not in msg and "refusing to compare" in msg
     assert "b8dbda3e304b4df3 (qwen3-dense-strict-v1 v1, all strict)" in msg
-    assert f"{v2.with_ops(attention='native').fingerprint()} (qwen3-dense-strict-v5 v5, native attention)" in msg
+    assert f"{v2.with_ops(attention='native').fingerprint()} (qwen3-dense-strict-v6 v6, native attention)" in msg
     with pytest.raises(FingerprintMismatch, match="rollout contract 0123456789abcdef != trainer"):
         check_fingerprints("0123456789abcdef", v2.fingerprint())
 

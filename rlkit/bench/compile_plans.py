@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from rlkit.contract import V1_NAME, V2_NAME, V3_NAME, V4_NAME, V5_NAME, NumericsContract
+from rlkit.contract import V1_NAME, V2_NAME, V3_NAME, V4_NAME, V5_NAME, V6_NAME, NumericsContract
 from rlkit.kernels import _triton as _tr
 from rlkit.kernels import attention, attention_kernel, gemm, gemm_kernels, logprob, rms_norm, rope, swiglu
 from rlkit.model.config import MODEL_PRESETS, Qwen3Config
@@ -36,7 +36,7 @@ KERNEL_MODULES = {"gemm": gemm_kernels, "attention": attention, "logprob": logpr
 """op -> the kernels/ module holding its Triton kernels (collectives and tree have none: torch only; the
 GEMM's device code is kernels/gemm_kernels.py, its launcher kernels/gemm.py)."""
 
-CONTRACTS = (V5_NAME, V4_NAME, V3_NAME, V2_NAME, V1_NAME)
+CONTRACTS = (V6_NAME, V5_NAME, V4_NAME, V3_NAME, V2_NAME, V1_NAME)
 """Released contracts whose strict kernels are compiled (identical requests are compiled once)."""
 
 GEMM_TOKENS = tuple(2 ** i for i in range(14))
@@ -181,6 +181,16 @@ def _gemm_gluon(cfg: dict, s: GemmShape, contract: NumericsContract):
     return [("gluon", kernel, args, kw)]
 
 
+def _gemm_continue(s: GemmShape, contract: NumericsContract):
+    """The chained merge's TP continuation, as gemm.continue_launch launches it."""
+    cfg = gemm.continue_plan(s.m, s.n, _DEVICE)
+    bk = contract.gemm.k_tile
+    args = (_t(s.x_dtype), _t(s.x_dtype), _t(torch.float32), _t(s.out_dtype), s.m, s.n, s.k, s.k, s.k, s.n)
+    kw = dict(BN=cfg["BN"], BT=cfg["BT"], BK=bk, EVEN_K=s.k % bk == 0, IEEE=s.x_dtype == torch.float32,
+              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_tr.launch_options(contract))
+    return [("continue", gemm._gemm_continue_kernel, args, kw)]
+
+
 GEMM_KINDS: dict[str, Callable] = {"swapped": _gemm_swapped, "tiles": _gemm_tiles, "tma": _gemm_tma,
                                    "gluon": _gemm_gluon}
 """gemm.plan's `kind` -> (plan, shape, contract) -> [(role, kernel, args, kwargs)], as gemm.triton_launch
@@ -209,6 +219,9 @@ def gemm_layers(cfg: Qwen3Config, contract: NumericsContract) -> list[tuple[str,
     layers = [("q_proj", heads * d, h, 1, column), ("k_proj", kv * d, h, 1, column), ("gate_proj", i, h, 1, column)]
     for shards in (1, 2, 4):
         if row % shards == 0 and row // shards in gemm.TREE_CHUNKS:
+            if gemm.chained(contract, True):  # chained merge: one chain over the shard's K
+                layers += [("o_proj", h, heads * d // shards, shards, 1), ("down_proj", h, i // shards, shards, 1)]
+                continue
             if gemm.pieces_per_shard(contract, shards) > 1:  # sequential merge: a chain a chunk
                 layers += [("o_proj", h, heads * d // row, shards, 1), ("down_proj", h, i // row, shards, 1)]
                 continue
@@ -246,6 +259,9 @@ def _gemm(col: _Collector, cfg: Qwen3Config, contract: NumericsContract, dtype: 
             shape = GemmShape(m, n, k, chunks, dtype, out)
             col.add("gemm", _gemm_requests(_plan(shape, contract), shape, contract),
                     f"{cfg.name} {layer}{f' tp{shards}' if shards > 1 else ''} M={m} (gemm.plan)")
+            if shards > 1 and gemm.chained(contract, True):  # the ranks after the first continue the chain
+                col.add("gemm", _gemm_continue(shape, contract),
+                        f"{cfg.name} {layer} tp{shards} M={m} (gemm.continue_plan)")
     # lm_head: fp32 logits, at most logprob.GPU_ROW_BLOCK rows a launch (logprob.triton_logprob)
     chunks = gemm.chunk_count(contract, row_parallel=False)
     for m in sorted({min(t, logprob.GPU_ROW_BLOCK) for t in GEMM_TOKENS}):

@@ -126,6 +126,7 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
     from rlkit.kernels import gemm, gemm_cublas
 
     c, v4 = NumericsContract.default(), NumericsContract.named("qwen3-dense-strict-v4")
+    v5 = NumericsContract.named("qwen3-dense-strict-v5")
     tm = batch_invariant_ops_matmul()
     print(f"bench gemm: batch_invariant_ops {'found' if tm else 'not importable (column left out)'}", flush=True)
     compiled: dict = {}  # kernel kind -> the last Launch of that kind (registers, spills)
@@ -147,7 +148,8 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
                 compiled.update((ln.kernel, ln) for ln in launches)
                 routed = gemm.strict(x, w, c, torch.bfloat16, row_parallel=row_par)  # eager first: the route's check
                 route = gemm_cublas.status(x.device)
-                on_cublas = not row_par and route is not None and route.on_cublas(k, n)
+                one_chain = not row_par or gemm.chained(c, True)
+                on_cublas = one_chain and route is not None and route.on_cublas(k, n)
                 rec.add("gemm", "strict", shape, "on_cublas", float(on_cublas))
                 rec.add("gemm", "strict", shape, "same_bits_as_triton", float(torch.equal(routed, y)))
                 impls = {
@@ -155,6 +157,7 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
                     "strict": lambda: gemm.strict(x, w, c, torch.bfloat16, row_parallel=row_par),
                     "strict_triton": lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, row_parallel=row_par),
                     "strict_v4": lambda: gemm.triton_partial(x, w, v4, 1, torch.bfloat16, row_parallel=row_par),
+                    "strict_v5": lambda: gemm.strict(x, w, v5, torch.bfloat16, row_parallel=row_par),
                 }
                 if tm is not None:
                     impls["batch_invariant_ops"] = lambda: tm(x, w)
@@ -530,10 +533,10 @@ def _render_gemm(rows: list[dict]) -> list[str]:
                 + (" · strict / batch_invariant_ops" if vs_tm else ""), "",
                 f"Lowest vs cuBLAS: {min(ratios):.2f} (target >= 0.90)"
                 + (f"; lowest vs batch_invariant_ops: {min(vs_tm):.2f} (target >= 1.0)" if vs_tm else "")
-                + ". o and down are row-parallel (4 K chunks, merged as the contract says: in order under v5; the Triton "
-                "kernel, or on sm_90 with many tiles and chunks <= 1536 the Gluon kernel of kernels/gemm_gluon.py: the "
-                "same bits), the rest one chain over K (on cuBLAS without split-K where the route admits the shape: the "
-                "Triton kernel's bits, checked; kernels/gemm_cublas.py). cuBLAS is timed at torch's defaults.", "",
+                + ". Contract v6: every projection is one fp32 chain over K, o and down (row-parallel) included, "
+                "their 4 K chunks chained (under TP each rank continues the running sum of the ranks before it); on "
+                "cuBLAS without split-K where the route admits the shape (the Triton kernel's bits, checked; "
+                "kernels/gemm_cublas.py), else the Triton kernel. cuBLAS is timed at torch's defaults.", "",
                 "| M | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         for m in ms:
             line = []

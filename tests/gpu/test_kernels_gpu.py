@@ -24,6 +24,7 @@ from rlkit.types import AttentionLayout
 
 pytestmark = pytest.mark.gpu
 C = NumericsContract.default()
+V5 = NumericsContract.named("qwen3-dense-strict-v5")
 V4 = NumericsContract.named("qwen3-dense-strict-v4")
 V2 = NumericsContract.named("qwen3-dense-strict-v2")
 DEV = "cuda"
@@ -120,21 +121,24 @@ ONE_CHAIN_ONLY = [dict(kind="tma", BM=128, BN=256, GROUP_M=8, split=False, num_w
 """A 128x256 tile holds one accumulator of 128 registers a thread: the plan never gives it C > 1."""
 
 
-@pytest.mark.parametrize("contract", [C, V4], ids=["v5", "v4"])
+@pytest.mark.parametrize("contract", [C, V5, V4], ids=["v6", "v5", "v4"])
 @pytest.mark.parametrize("row_parallel", [False, True])
 @pytest.mark.parametrize("m", [1, 40, 200, 1000])
 def test_gemm_every_launch_configuration_gives_the_same_bits(m, row_parallel, contract):
     """The tile shapes, warps, stages, TMA or pointer loads, persistent or not, and chunk placement are
-    layout only: identical bits, under the ordered merge (v5) and the pairwise tree (v4)."""
+    layout only: identical bits, under the chained merge (v6: a row-parallel layer is one chain, so the
+    one-chain-only tiles apply to it too), the ordered merge (v5) and the pairwise tree (v4)."""
     x, w = randn(m, 4096, seed=5), randn(2048, 4096, scale=0.02, seed=6)
     base = gemm.triton_partial(x, w, contract, 1, torch.bfloat16, config=CONFIGS[0], row_parallel=row_parallel)
-    for cfg in CONFIGS[1:] + ([] if row_parallel else ONE_CHAIN_ONLY):
+    one_chain = not row_parallel or gemm.chained(contract, True)
+    for cfg in CONFIGS[1:] + (ONE_CHAIN_ONLY if one_chain else []):
         y = gemm.triton_partial(x, w, contract, 1, torch.bfloat16, config=cfg, row_parallel=row_parallel)
         assert_bitwise_equal(y, base, f"{cfg} vs {CONFIGS[0]} ({contract.name}, row_parallel={row_parallel})")
 
 
+@pytest.mark.parametrize("contract", [C, V5], ids=["v6", "v5"])
 @pytest.mark.parametrize("row_parallel", [False, True])
-def test_gemm_signed_zero_sums_agree_across_configurations(row_parallel):
+def test_gemm_signed_zero_sums_agree_across_configurations(row_parallel, contract):
     """A chunk whose every product is -0 (a zero row of x against a weight row of negative values): a
     chain started from a +0 accumulator gives +0 (+0 + -0), one whose first MMA ignores the accumulator
     may give -0. Every launch form (nested or flat loop, any tile) must give the same sign of zero."""
@@ -143,13 +147,14 @@ def test_gemm_signed_zero_sums_agree_across_configurations(row_parallel):
     x[100, 1024:2048] = 0.0  # one chunk of a row-parallel layer only
     w[5] = -w[5].abs() - 1e-3
     w[900] = w[900].abs() + 1e-3  # +0 products: +0 either way
-    base = gemm.triton_partial(x, w, C, 1, torch.bfloat16, config=CONFIGS[0], row_parallel=row_parallel)
+    base = gemm.triton_partial(x, w, contract, 1, torch.bfloat16, config=CONFIGS[0], row_parallel=row_parallel)
     print(f"row 7 x weight row 5: {base[7, 5].item()!r} (sign bit {torch.signbit(base[7, 5]).item()})")
-    for cfg in CONFIGS[1:] + ([] if row_parallel else ONE_CHAIN_ONLY):
-        y = gemm.triton_partial(x, w, C, 1, torch.bfloat16, config=cfg, row_parallel=row_parallel)
+    one_chain = not row_parallel or gemm.chained(contract, True)
+    for cfg in CONFIGS[1:] + (ONE_CHAIN_ONLY if one_chain else []):
+        y = gemm.triton_partial(x, w, contract, 1, torch.bfloat16, config=cfg, row_parallel=row_parallel)
         assert_bitwise_equal(y, base, f"{cfg} vs {CONFIGS[0]} (row_parallel={row_parallel}), signed zeros")
     for m in (1, 8, 300):  # the plans rlkit picks for a row alone, decode and prefill
-        y = gemm.strict(x[:m] if m > 7 else x[7:8], w, C, row_parallel=row_parallel)
+        y = gemm.strict(x[:m] if m > 7 else x[7:8], w, contract, row_parallel=row_parallel)
         assert_bitwise_equal(y, base[:m] if m > 7 else base[7:8], f"default plan, M={m}, signed zeros")
 
 
@@ -162,16 +167,16 @@ def test_gemm_plan_runs_row_parallel_on_gluon_with_the_triton_kernels_bits(m, k,
     x, w = randn(m, k, seed=27), randn(n, k, scale=0.02, seed=28)
     x[7] = 0.0
     w[5] = -w[5].abs() - 1e-3
-    y, launches = gemm.triton_launch(x, w, C, 1, torch.bfloat16, row_parallel=True)
+    y, launches = gemm.triton_launch(x, w, V5, 1, torch.bfloat16, row_parallel=True)
     kinds = [ln.kernel for ln in launches]
-    by_triton = gemm.triton_partial(x, w, C, 1, torch.bfloat16, row_parallel=True,
+    by_triton = gemm.triton_partial(x, w, V5, 1, torch.bfloat16, row_parallel=True,
                                  config=dict(kind="tma", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8,
                                              num_stages=4))
     print(f"M={m} K={k} N={n}: {kinds}, row 7 x weight row 5 = {y[7, 5].item()!r}")
     assert kinds == ["gluon"], f"the plan took {kinds} at M={m} K={k} N={n}"
     assert_bitwise_equal(y, by_triton, f"Gluon vs the Triton kernel, M={m} K={k} N={n}")
     for rows in (1, 64, 300):
-        assert_bitwise_equal(gemm.strict(x[:rows], w, C, row_parallel=True), y[:rows], f"first {rows} rows alone")
+        assert_bitwise_equal(gemm.strict(x[:rows], w, V5, row_parallel=True), y[:rows], f"first {rows} rows alone")
 
 
 @pytest.mark.parametrize("m", [1, 64, 300, 2048])
@@ -188,11 +193,11 @@ def test_gemm_v5_row_parallel_is_the_ordered_sum_of_chunk_chains(m):
     programs), equals ((c0 + c1) + c2) + c3 of the four one-chain products over the K quarters, rounded
     once; and it differs from v4's tree somewhere (a control: the merge rule decides bits)."""
     x, w = randn(m, 4096, seed=17), randn(2048, 4096, scale=0.02, seed=18)
-    y, launches = gemm.triton_launch(x, w, C, 1, torch.bfloat16, row_parallel=True)
-    c = [gemm.triton_partial(x[:, s : s + 1024], w[:, s : s + 1024], C, 1, torch.float32) for s in range(0, 4096, 1024)]
+    y, launches = gemm.triton_launch(x, w, V5, 1, torch.bfloat16, row_parallel=True)
+    c = [gemm.triton_partial(x[:, s : s + 1024], w[:, s : s + 1024], V5, 1, torch.float32) for s in range(0, 4096, 1024)]
     assert_bitwise_equal(y, (((c[0] + c[1]) + c[2]) + c[3]).bfloat16(), f"v5 M={m} [{launches[0].kernel}] vs ordered fold")
     if m >= 300:
-        print(compare(gemm.triton_partial(x, w, C, 1, torch.float32, row_parallel=True),
+        print(compare(gemm.triton_partial(x, w, V5, 1, torch.float32, row_parallel=True),
                       gemm.triton_partial(x, w, V4, 1, torch.float32, row_parallel=True), f"v5 vs v4 fp32 M={m}"))
 
 
@@ -200,12 +205,12 @@ def test_gemm_split_combine_is_deterministic():
     """The atomic last-arriver combine: 20 launches give one answer (a race would move bits)."""
     for m in (8, 300):  # the swapped kernel's and the TMA kernel's split combine (row-parallel: 4 chunks)
         x, w = randn(m, 4096, seed=7), randn(1024, 4096, scale=0.02, seed=8)
-        first = gemm.strict(x, w, C, row_parallel=True)
+        first = gemm.strict(x, w, V5, row_parallel=True)
         for i in range(20):
-            assert_bitwise_equal(gemm.strict(x, w, C, row_parallel=True), first, f"M={m} launch {i}")
+            assert_bitwise_equal(gemm.strict(x, w, V5, row_parallel=True), first, f"M={m} launch {i}")
 
 
-@pytest.mark.parametrize("contract", [C, V4], ids=["v5", "v4"])
+@pytest.mark.parametrize("contract", [V5, V4], ids=["v5", "v4"])
 @pytest.mark.parametrize("m", [8, 100, 1000])
 def test_gemm_tensor_parallel_subtrees(contract, m):
     """TP 2 and 4: each shard's pieces (v5: its chunk sums; v4: its subtree), gathered in rank order and
@@ -399,7 +404,7 @@ def test_attention_prefill_chunked_decode_agree(n):
 V3 = NumericsContract.named("qwen3-dense-strict-v3")
 
 
-@pytest.mark.parametrize("contract", [C, V3], ids=["v5", "v3"])
+@pytest.mark.parametrize("contract", [C, V3], ids=["v6", "v3"])
 @pytest.mark.parametrize("group", [2, 4])
 def test_attention_every_decode_position_equals_prefill(contract, group):
     """Every position of two sequences (700 and 1300 tokens, both sides of splits 256..1024) decoded in

@@ -55,9 +55,10 @@ def test_output_columns_do_not_depend_on_how_many_columns_are_computed():
 
 
 V4 = NumericsContract.named("qwen3-dense-strict-v4")
+V5 = NumericsContract.named("qwen3-dense-strict-v5")
 
 
-@pytest.mark.parametrize("contract", [C, V4], ids=["v5-sequential", "v4-pairwise"])
+@pytest.mark.parametrize("contract", [V5, V4], ids=["v5-sequential", "v4-pairwise"])
 def test_tp_shard_pieces_merge_to_the_whole(contract):
     """TP 2 and TP 4: each shard's pieces (v4: its subtree; v5: its chunks, unmerged), gathered in rank
     order and merged by the contract's rule, equal the unsharded layer bit for bit."""
@@ -75,17 +76,64 @@ def test_tp_shard_pieces_merge_to_the_whole(contract):
         gemm.shard_partials(x[:, :128], w[:, :128], contract, shards=2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_v6_tp_shards_continue_the_running_sum_to_the_whole(dtype):
+    """Contract v6 (chained): TP 2 and TP 4 shards, each continuing the fp32 running sum of the shards
+    before it (`chain_partial(..., start=)`), give the unsharded layer's bits; a shard has no pieces of its
+    own to merge, so `shard_partials` refuses it and says what to call."""
+    assert C.gemm.chunk_merge == "chained" and gemm.chained(C, True) and not gemm.chained(C, False)
+    x = torch.randn(21, 256).to(dtype)
+    w = (torch.randn(64, 256) / 16).to(dtype)
+    whole = gemm.partial(x, w, C, row_parallel=True)
+    assert_bitwise_equal(gemm.chain_partial(x, w, C), whole, "chain_partial from zero vs partial")
+    for tp in (2, 4):
+        width = 256 // tp
+        total = None
+        for s in range(0, 256, width):
+            total = gemm.chain_partial(x[:, s : s + width], w[:, s : s + width], C, total, shards=tp)
+        assert_bitwise_equal(total, whole, f"TP {tp} chained shards vs one")
+    with pytest.raises(OpInputError, match="continues the running sum"):
+        gemm.shard_partials(x[:, :128], w[:, :128], C, shards=2, row_parallel=True)
+
+
+def test_v6_chunks_accumulate_onto_the_running_sum():
+    """The CPU reference of the chained merge: chunk 0 from zero, every later chunk the backend's fp32
+    GEMM onto the running sum (addmm, beta = 1), in 16-row calls; what the fp32 values are relative to v5's
+    ordered merge of from-zero chunks is the backend's business (printed, not asserted)."""
+    x = torch.randn(16, 1024)
+    w = torch.randn(128, 1024)
+    parts = [(x[:, s : s + 256].contiguous(), w[:, s : s + 256].contiguous()) for s in range(0, 1024, 256)]
+    total = parts[0][0] @ parts[0][1].t()
+    for xc, wc in parts[1:]:
+        total = torch.addmm(total, xc, wc.t())
+    assert_bitwise_equal(gemm.partial(x, w, C, row_parallel=True), total, "v6 vs addmm chain")
+    print(compare(gemm.partial(x, w, C, row_parallel=True), gemm.partial(x, w, V5, row_parallel=True),
+                  "v6 chained vs v5 ordered merge on this CPU's backend"))
+
+
+def test_v6_chain_refuses_a_bad_running_sum_and_another_contract():
+    x, w = torch.randn(4, 64), torch.randn(8, 64)
+    with pytest.raises(OpInputError, match=r"running sum to continue must be fp32 \[4, 8\]"):
+        gemm.chain_partial(x, w, C, torch.zeros(4, 8, dtype=torch.float64))
+    with pytest.raises(OpInputError, match=r"running sum to continue must be fp32 \[4, 8\]"):
+        gemm.chain_partial(x, w, C, torch.zeros(3, 8))
+    with pytest.raises(OpInputError, match="chain_partial needs gemm.chunk_merge = 'chained'"):
+        gemm.chain_partial(x, w, V5)
+    with pytest.raises(OpInputError, match="one running sum"):
+        gemm.merge([x, x], C)
+
+
 def test_v5_merges_chunks_in_order_and_v4_by_the_tree():
     """v5's row-parallel sum is ((c0 + c1) + c2) + c3 of the four one-chain chunk sums, v4's
     (c0 + c1) + (c2 + c3); on random fp32 inputs the two orders round differently somewhere (the field
     decides bits), and only v5's equals the ordered fold."""
     x = torch.randn(64, 1024)
     w = torch.randn(128, 1024)
-    one_chain = C.replace(gemm=GemmSpec(k_chunks=1, column_k_chunks=1))
+    one_chain = V5.replace(gemm=GemmSpec(k_chunks=1, column_k_chunks=1, chunk_merge="sequential"))
     c0, c1, c2, c3 = (gemm.partial(x[:, s : s + 256], w[:, s : s + 256], one_chain) for s in range(0, 1024, 256))
-    assert_bitwise_equal(gemm.partial(x, w, C, row_parallel=True), ((c0 + c1) + c2) + c3, "v5 vs ordered fold")
+    assert_bitwise_equal(gemm.partial(x, w, V5, row_parallel=True), ((c0 + c1) + c2) + c3, "v5 vs ordered fold")
     assert_bitwise_equal(gemm.partial(x, w, V4, row_parallel=True), (c0 + c1) + (c2 + c3), "v4 vs tree")
-    differ = compare(gemm.partial(x, w, C, row_parallel=True), gemm.partial(x, w, V4, row_parallel=True),
+    differ = compare(gemm.partial(x, w, V5, row_parallel=True), gemm.partial(x, w, V4, row_parallel=True),
                      "v5 vs v4 row-parallel fp32 sums")
     print(differ)
     assert not differ.equal, "the two merge rules gave the same fp32 bits on 8,192 random sums"
@@ -139,8 +187,10 @@ def test_bad_inputs_name_the_op_and_shapes():
     with pytest.raises(OpInputError, match=r"not divisible into 2 equal chunks \(contract gemm.column_k_chunks=2\)"):
         gemm.reference(torch.randn(4, 9), torch.randn(3, 9), C.replace(gemm=GemmSpec(column_k_chunks=2)))
     with pytest.raises(OpInputError, match="shards do not divide"):
-        gemm.shard_partials(torch.randn(4, 16), torch.randn(3, 16), C.replace(gemm=GemmSpec(k_chunks=2)), shards=4,
-                            row_parallel=True)
+        gemm.shard_partials(torch.randn(4, 16), torch.randn(3, 16), V5.replace(
+            gemm=GemmSpec(k_chunks=2, chunk_merge="sequential")), shards=4, row_parallel=True)
+    with pytest.raises(OpInputError, match="shards do not divide"):
+        gemm.chain_partial(torch.randn(4, 16), torch.randn(3, 16), C.replace(gemm=GemmSpec(k_chunks=2)), shards=4)
 
 
 def test_weight_chunk_cache_holds_its_weights_weakly_and_follows_in_place_updates():

@@ -15,8 +15,9 @@ from rlkit.bitwise import assert_bitwise_equal
 from rlkit.contract import AttentionSpec, GemmSpec, LogprobSpec, RmsNormSpec
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/kernels/test_triton_interpret.py"
-C = NumericsContract.default()
+C = NumericsContract.named("qwen3-dense-strict-v5")  # the chunked merges (v6 differs only in the GEMM's)
 V4 = NumericsContract.named("qwen3-dense-strict-v4")
+V6 = NumericsContract.default()
 
 
 def rel(out, ref):
@@ -66,7 +67,7 @@ def test_gemm_matches_reference_and_configs_agree(m, k, n):
 @pytest.mark.parametrize("chunks", [1, 2, 8])
 def test_gemm_other_chunk_counts(chunks):
     from rlkit.kernels import gemm
-    c = C.replace(gemm=GemmSpec(k_chunks=chunks))
+    c = C.replace(gemm=GemmSpec(k_chunks=chunks, chunk_merge="sequential"))
     x, w = exact(9, 512, seed=3), exact(64, 512, seed=4)
     ref = gemm.partial(x, w, c)
     for cfg in (GEMM_CONFIGS[0], GEMM_CONFIGS[2], GEMM_CONFIGS[3], GEMM_CONFIGS[4]):
@@ -87,6 +88,29 @@ def test_gemm_rows_alone_and_tp_subtrees():
         halves = torch.cat([gemm.triton_shard_partials(x[:, s : s + 128], w[:, s : s + 128], contract, 2)
                             for s in (0, 128)])
         assert_bitwise_equal(gemm.merge(halves, contract), full, f"two TP shards' pieces vs the whole ({contract.name})")
+
+
+@pytest.mark.parametrize("m", [1, 5, 70])
+def test_gemm_v6_row_parallel_is_one_chain_and_tp_ranks_continue_it(m):
+    """Contract v6: a row-parallel product runs the one-chain kernels (one launch, C = 1, as a column
+    layer), and TP 2 / TP 4 ranks after the first continue the running sum (`_gemm_continue_kernel`, fp32
+    start in, at M = 1, 5 and 70) to the whole's bits, rounded once by the last rank."""
+    from rlkit.kernels import gemm
+    x, w = exact(m, 512, seed=40), exact(136, 512, seed=41)
+    y, launches = gemm.triton_launch(x, w, V6, 1, torch.float32, row_parallel=True)
+    assert len(launches) == 1 and launches[0].plan["C"] == 1, [ln.plan for ln in launches]
+    assert_bitwise_equal(y, gemm.triton_partial(x, w, V6, 1, torch.float32), "row-parallel vs column one chain")
+    assert_bitwise_equal(y, gemm.partial(x, w, V6, row_parallel=True), "vs the CPU reference (exact inputs)")
+    for tp in (2, 4):
+        width = 512 // tp
+        total = None
+        for s in range(0, 512, width):
+            total = gemm.strict_chain_partial(x[:, s : s + width], w[:, s : s + width], V6, total, shards=tp)
+        assert_bitwise_equal(total, y, f"TP {tp} ranks continuing the chain vs one")
+    rounded, launches = gemm.continue_launch(x[:, 256:], w[:, 256:], gemm.strict_chain_partial(
+        x[:, :256], w[:, :256], V6, None, shards=2), V6, torch.float16)
+    assert launches[0].kernel == "continue"
+    assert_bitwise_equal(rounded, y.half(), "the continuation rounded once to fp16")
 
 
 @pytest.mark.parametrize("cfg", [

@@ -1,0 +1,87 @@
+"""Contract v6's chained row-parallel GEMM on the H200: which one-chain kernel is fastest at each row count.
+
+For the o/down projections of qwen3-8b / 1.7b / 0.6b and M in --m: v6's strict call (its plan and the
+cuBLAS route), the plan's Triton kernel without the route, swapped-kernel variants for M <= 64 (weight
+tile, stages), cuBLAS in this process (so without a workspace: rlkit's setting) and v5's ordered merge,
+each as a CUDA-graph time; every variant's bits against the Triton plan first (a difference is printed as
+DIFFERENT and the variant not timed). The benchmark (rlkit.bench.kernels) quotes cuBLAS at torch's
+defaults; this probe chooses plans.
+
+    RLKIT_COMMIT=<sha> python3 lab/chained_gemm_h200.py --out $W/chained [--m 1,8,64,256,1024,4096,8192]
+
+Writes OUT/chained_gemm.jsonl (long format: op "gemm_chained", impl, shape, metric, median, device, commit)
+and prints a table of microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+SHAPES = {"qwen3-8b": {"o": (4096, 4096), "down": (12288, 4096)}, "qwen3-1.7b": {"o": (2048, 2048), "down": (6144, 2048)},
+          "qwen3-0.6b": {"o": (2048, 1024), "down": (3072, 1024)}}
+SWAPPED = {f"sw{bn}x{bt}s{st}": dict(kind="swapped", BN=bn, BT=bt, num_warps=4, num_stages=st)
+           for bn in (64, 128) for bt in (16, 64) for st in (4, 6, 8)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--m", default="1,8,64,256,1024,4096,8192")
+    args = ap.parse_args()
+    import torch
+    import torch.nn.functional as F
+    from triton.testing import do_bench_cudagraph
+
+    from rlkit import NumericsContract
+    from rlkit.bitwise import compare
+    from rlkit.kernels import gemm
+
+    v6, v5 = NumericsContract.default(), NumericsContract.named("qwen3-dense-strict-v5")
+    device, commit = torch.cuda.get_device_name(), os.environ.get("RLKIT_COMMIT", "unknown")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+
+    def put(impl, shape, metric, value):
+        rows.append(dict(op="gemm_chained", impl=impl, shape=shape, metric=metric, median=value, device=device,
+                         commit=commit))
+
+    g = torch.Generator(device="cuda")
+    for model, layers in SHAPES.items():
+        for layer, (k, n) in layers.items():
+            w = (torch.randn(n, k, generator=g.manual_seed(2), device="cuda") * 0.02).bfloat16()
+            for m in map(int, args.m.split(",")):
+                x = torch.randn(m, k, generator=g.manual_seed(1), device="cuda").bfloat16()
+                shape = f"{model}.{layer} M={m} K={k} N={n}"
+                ref = gemm.triton_partial(x, w, v6, 1, torch.bfloat16, row_parallel=True)
+                cands = {"v6 strict": lambda: gemm.strict(x, w, v6, row_parallel=True),
+                         "triton plan": lambda: gemm.triton_partial(x, w, v6, 1, torch.bfloat16, row_parallel=True),
+                         "cublas in-process": lambda: F.linear(x, w),
+                         "v5 strict": lambda: gemm.strict(x, w, v5, row_parallel=True)}
+                if m <= 64:
+                    for name, cfg in SWAPPED.items():
+                        cands[name] = (lambda c: lambda: gemm.triton_partial(x, w, v6, 1, torch.bfloat16, config=c,
+                                                                             row_parallel=True))(cfg)
+                times = {}
+                for name, fn in cands.items():
+                    if name not in ("cublas in-process", "v5 strict"):
+                        rep = compare(fn(), ref, f"{shape} {name} vs the Triton plan")
+                        put(name, shape, "same_bits", float(rep.equal))
+                        if not rep.equal:
+                            print("DIFFERENT", rep)
+                            continue
+                    fn()
+                    times[name] = do_bench_cudagraph(fn, rep=40) * 1000
+                    put(name, shape, "us", times[name])
+                best = min((t, nm) for nm, t in times.items() if nm.startswith("sw") or nm == "triton plan")
+                print(f"{shape:40s} v6 {times['v6 strict']:7.1f}  cublas {times['cublas in-process']:7.1f}  "
+                      f"plan {times['triton plan']:7.1f}  best-triton {best[0]:7.1f} ({best[1]})  v5 {times['v5 strict']:7.1f}",
+                      flush=True)
+    with open(args.out / "chained_gemm.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+if __name__ == "__main__":
+    main()
