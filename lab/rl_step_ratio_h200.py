@@ -408,6 +408,9 @@ def main() -> int:
                          "is s s n | s n s n ...). On a fresh machine step 1 still compiles: 2 or more")
     ap.add_argument("--events", action="store_true",
                     help="print each step's kernel compiles and garbage collections (StepEvents)")
+    ap.add_argument("--contract", default=None,
+                    help="the numerics contract of both paths (default rlkit.contract.DEFAULT_NAME); another one "
+                         "labels each row's shape with it, e.g. 'validation [qwen3-dense-strict-v6]'")
     ap.add_argument("--combine", nargs="+", metavar="ROWS.jsonl",
                     help="no run: the strict/native rows of these files (one path each, or both) -> ratio rows")
     a = ap.parse_args()
@@ -418,6 +421,14 @@ def main() -> int:
     if unknown:
         print(f"--shapes: unknown {unknown}; choose from {', '.join(shapes)}", file=sys.stderr)
         return 2
+    from rlkit.contract import DEFAULT_NAME, NAMES
+
+    if a.contract is not None and a.contract not in NAMES:
+        print(f"--contract: unknown {a.contract!r}; choose from {', '.join(NAMES)}", file=sys.stderr)
+        return 2
+    if a.contract not in (None, DEFAULT_NAME):  # rows of another contract never share a label with the default's
+        shapes = {f"{n} [{a.contract}]": cfg.replace(contract_name=a.contract) for n, cfg in shapes.items()}
+        a.shapes = ",".join(f"{n} [{a.contract}]" for n in a.shapes.split(","))
     a.out.mkdir(parents=True, exist_ok=True)
     device = "cpu (dry run)" if a.dry_run else torch.cuda.get_device_name()
     sha, rows, table = commit(), [], []

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from rlkit.contract import NAMES, OPS, V2_NAME, V6_NAME, NumericsContract
+from rlkit.contract import DEFAULT_NAME, NAMES, OPS, V2_NAME, NumericsContract
 from rlkit.data.tasks import TASKS
 from rlkit.rollout.engine import EngineConfig
 from rlkit.train.trainer import OptimConfig
@@ -36,8 +36,8 @@ class RunConfig:
     task: str = "arith"
     """arith | add2 | add3 | add8w | add9c | gsm8k | dapo (rlkit.data.tasks.TASKS)"""
     steps: int = 50
-    contract_name: str = V6_NAME
-    """The numerics contract (a released name, rlkit.contract.NAMES; the newest by default). A store
+    contract_name: str = DEFAULT_NAME
+    """The numerics contract (a released name, rlkit.contract.NAMES; rlkit.contract.DEFAULT_NAME by default). A store
     written before this field existed was made under qwen3-dense-strict-v2 and reads back as that."""
     path: str = "strict"
     """The path of every op at the start (before `ops`)."""

@@ -32,12 +32,13 @@ column-parallel layers and the lm_head, whose K is never split across ranks, sum
 and a block's probabilities are summed by the matrix unit that computes p.V, so the attention kernel
 may run a small tile in decode and a large one in prefill and still give every mode the same bits; its
 key blocks are 64 positions and its splits 512 (32 and 256 before).
-Its attention bits differ from v3's; everything else is v3's. `qwen3-dense-strict-v5` (the default) adds
+Its attention bits differ from v3's; everything else is v3's. `qwen3-dense-strict-v5` adds
 `gemm.chunk_merge`: a row-parallel GEMM's four chunk sums are added in chunk order instead of the pairwise
 tree, so a GPU program that sums every chunk of a tile holds two accumulators instead of three (on the
 H200 its o/down projections ran 10-20 % faster than v4's at M >= 1024); a TP rank then contributes its
-chunk sums unmerged. Its row-parallel GEMM bits differ from v4's; everything else is v4's.
-`qwen3-dense-strict-v6` (the default) sets `gemm.chunk_merge = "chained"`: a row-parallel chunk's sum
+chunk sums unmerged. Its row-parallel GEMM bits differ from v4's; everything else is v4's; it is the
+default (`DEFAULT_NAME`). `qwen3-dense-strict-v6` (selectable, not yet the default: its GPU kernels have
+run under the Triton interpreter only, not yet on the H200, lab/LOG.md 2026-12-04 session 22) sets `gemm.chunk_merge = "chained"`: a row-parallel chunk's sum
 starts from the running fp32 sum of the chunks before it instead of from zero, so on the GPU the layer is
 one chain over K, the column layers' arithmetic (any tile, cuBLAS without split-K), and no kernel holds a
 second accumulator; under tensor parallelism the ranks pass that running sum on in rank order (rank r
@@ -141,7 +142,7 @@ class GemmSpec(_Section):
     so the backend's blocking, and each row's reduction order, never depends on the batch size."""
     k_tile: int = 64
     """GPU kernels: K elements per pipelined step inside a chunk; steps accumulate sequentially in order."""
-    chunk_merge: str = "chained"
+    chunk_merge: str = "sequential"
     """Version 5: how the fp32 chunk partials of one output element meet. "sequential": added in chunk
     order, ((c0 + c1) + c2) + c3, so a kernel computing every chunk of a tile holds two accumulators at
     most (the running chunk and the sum so far); a TP rank then contributes its chunks' partials
@@ -276,7 +277,10 @@ V5_NAME = "qwen3-dense-strict-v5"
 V6_NAME = "qwen3-dense-strict-v6"
 VERSIONS = (1, 2, 3, 4, 5, 6)
 NAMES = {V6_NAME: 6, V5_NAME: 5, V4_NAME: 4, V3_NAME: 3, V2_NAME: 2, V1_NAME: 1}
-"""Every released contract, newest (the default) first, with its version."""
+"""Every released contract, newest first, with its version."""
+DEFAULT_NAME = V5_NAME
+"""What `NumericsContract.default()` and a run's configuration use. v6 becomes the default once the H200
+has run its bitwise test set and measured it faster (issue 16); until then v5."""
 
 V1_FIXED: dict[str, dict[str, str]] = {
     "gemm": {"combine": "pairwise_tree", "accumulate": "float32", "output_rounding": "once"},
@@ -304,11 +308,17 @@ did): an earlier version does not write them and accepts no other value."""
 
 CHANGED_IN: dict[int, dict[str, dict[str, Any]]] = {
     4: {"attention": {"block_size": 32, "split_size": 256}},
-    6: {"gemm": {"chunk_merge": "sequential"}},
 }
 """Defaults a version changed, with the value every earlier version has: {version: {section: {field:
 earlier value}}}. Every version writes these fields, so stores read back unchanged; `named()` builds an
 earlier version with its own values."""
+
+NEWER_VALUES: dict[int, dict[str, dict[str, Any]]] = {
+    6: {"gemm": {"chunk_merge": "chained"}},
+}
+"""Values of versions newer than the default (the dataclasses' defaults are DEFAULT_NAME's): {version:
+{section: {field: value}}}; `named()` builds such a version with them. When a newer version becomes the
+default, its values move into the dataclasses and the default's old ones into CHANGED_IN."""
 
 
 def absent_fields(version: int) -> dict[str, dict[str, Any]]:
@@ -325,9 +335,9 @@ def absent_fields(version: int) -> dict[str, dict[str, Any]]:
 class NumericsContract:
     """A named, versioned, frozen numerics contract. Build with `default()` and derive with `with_ops`."""
 
-    name: str = V6_NAME
-    version: int = 6
-    """The structure of the fields: 1 (the v1 field set, V1_FIXED included), 2, 3, 4, 5 or 6 (this class's
+    name: str = V5_NAME
+    version: int = 5
+    """The field defaults are DEFAULT_NAME's (`NumericsContract()` is `default()`). The structure of the fields: 1 (the v1 field set, V1_FIXED included), 2, 3, 4, 5 or 6 (this class's
     fields); ADDED_IN says which fields each version added."""
     paths: OpPaths = field(default_factory=OpPaths)
     gemm: GemmSpec = field(default_factory=GemmSpec)
@@ -342,8 +352,8 @@ class NumericsContract:
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def default(cls) -> "NumericsContract":
-        """`qwen3-dense-strict-v6` with every op on the strict path."""
-        return cls()
+        """DEFAULT_NAME (`qwen3-dense-strict-v5`) with every op on the strict path."""
+        return cls.named(DEFAULT_NAME)
 
     @classmethod
     def v1(cls) -> "NumericsContract":
@@ -362,6 +372,10 @@ class NumericsContract:
             if changed > version:
                 for section, fields in fields_by_section.items():
                     defaults.setdefault(section, {}).update(fields)
+        for newer, fields_by_section in sorted(NEWER_VALUES.items()):
+            if newer <= version:
+                for section, fields in fields_by_section.items():
+                    defaults.setdefault(section, {}).update(fields)
         for section, fields in absent_fields(version).items():  # a field the version lacks: its fixed value
             defaults.setdefault(section, {}).update(fields)
         sections = {section: dataclasses.replace(_SECTIONS[section](), **fields)
@@ -370,8 +384,8 @@ class NumericsContract:
 
     @classmethod
     def native(cls) -> "NumericsContract":
-        """The same contract with every op on the native path (what frameworks do today)."""
-        return cls().with_every_op("native")
+        """The default contract with every op on the native path (what frameworks do today)."""
+        return cls.default().with_every_op("native")
 
     def with_every_op(self, path: str) -> "NumericsContract":
         """A new contract with every op on `path` (strict | native), the other fields kept."""

@@ -152,3 +152,14 @@ def test_launch_bound_calls_are_timed_in_turn_and_compared_round_by_round(monkey
     assert calls == ["strict", "paged"] * 3
     assert times == {"strict": 80.0, "paged": 100.0}
     assert kernels._round_ratio(rounds, "paged", "strict") == 1.25
+
+
+def test_gemm_cells_show_contract_v6_where_its_rows_exist():
+    """The benchmark times contract v6 (selectable) beside the default: its ratio joins the cell and the
+    table says what it is; a file without v6 rows renders as before."""
+    shape = "qwen3-0.6b.o M=256 K=2048 N=1024"
+    rows = [_row("gemm", "strict", shape, "ratio_vs_native", 0.62), _row("gemm", "strict_v6", shape, "ratio_vs_native", 0.97)]
+    text = render(rows)
+    assert "| 256 | 0.62 · v6 0.97 |" in text and "qwen3-dense-strict-v6" in text
+    plain = render(rows[:1])
+    assert "| 256 | 0.62 |" in plain and "qwen3-dense-strict-v6" not in plain

@@ -126,7 +126,7 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
     from rlkit.kernels import gemm, gemm_cublas
 
     c, v4 = NumericsContract.default(), NumericsContract.named("qwen3-dense-strict-v4")
-    v5 = NumericsContract.named("qwen3-dense-strict-v5")
+    v6 = NumericsContract.named("qwen3-dense-strict-v6")  # the chained row-parallel merge (not yet the default)
     tm = batch_invariant_ops_matmul()
     print(f"bench gemm: batch_invariant_ops {'found' if tm else 'not importable (column left out)'}", flush=True)
     compiled: dict = {}  # kernel kind -> the last Launch of that kind (registers, spills)
@@ -157,7 +157,7 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
                     "strict": lambda: gemm.strict(x, w, c, torch.bfloat16, row_parallel=row_par),
                     "strict_triton": lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, row_parallel=row_par),
                     "strict_v4": lambda: gemm.triton_partial(x, w, v4, 1, torch.bfloat16, row_parallel=row_par),
-                    "strict_v5": lambda: gemm.strict(x, w, v5, torch.bfloat16, row_parallel=row_par),
+                    "strict_v6": lambda: gemm.strict(x, w, v6, torch.bfloat16, row_parallel=row_par),
                 }
                 if tm is not None:
                     impls["batch_invariant_ops"] = lambda: tm(x, w)
@@ -533,10 +533,13 @@ def _render_gemm(rows: list[dict]) -> list[str]:
                 + (" · strict / batch_invariant_ops" if vs_tm else ""), "",
                 f"Lowest vs cuBLAS: {min(ratios):.2f} (target >= 0.90)"
                 + (f"; lowest vs batch_invariant_ops: {min(vs_tm):.2f} (target >= 1.0)" if vs_tm else "")
-                + ". Contract v6: every projection is one fp32 chain over K, o and down (row-parallel) included, "
-                "their 4 K chunks chained (under TP each rank continues the running sum of the ranks before it); on "
-                "cuBLAS without split-K where the route admits the shape (the Triton kernel's bits, checked; "
-                "kernels/gemm_cublas.py), else the Triton kernel. cuBLAS is timed at torch's defaults.", "",
+                + ". o and down are row-parallel (4 K chunks, merged as the contract says: in order under v5; the Triton "
+                "kernel, or on sm_90 with many tiles and chunks <= 1536 the Gluon kernel of kernels/gemm_gluon.py: the "
+                "same bits), the rest one chain over K (on cuBLAS without split-K where the route admits the shape: the "
+                "Triton kernel's bits, checked; kernels/gemm_cublas.py). cuBLAS is timed at torch's defaults."
+                + (" \"v6\": contract qwen3-dense-strict-v6 (selectable), whose row-parallel chunks chain: every "
+                   "projection one chain over K." if any(x["op"] == "gemm" and x["impl"] == "strict_v6"
+                                                         and x["shape"].startswith(model + ".") for x in rows) else ""), "",
                 "| M | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         for m in ms:
             line = []
@@ -544,7 +547,9 @@ def _render_gemm(rows: list[dict]) -> list[str]:
                 shape = next((r["shape"] for r in cells if r["shape"].startswith(f"{model}.{nm} M={m} ")), None)
                 v = _get(rows, "gemm", "strict", shape, "ratio_vs_native") if shape else None
                 t = _get(rows, "gemm", "strict", shape, "ratio_vs_batch_invariant_ops") if shape else None
-                line.append("-" if v is None else f"{v:.2f}" + (f" · {t:.2f}" if t is not None else ""))
+                v6 = _get(rows, "gemm", "strict_v6", shape, "ratio_vs_native") if shape else None
+                line.append("-" if v is None else f"{v:.2f}" + (f" · {t:.2f}" if t is not None else "")
+                            + (f" · v6 {v6:.2f}" if v6 is not None else ""))
             out.append(f"| {m} | " + " | ".join(line) + " |")
         out.append("")
     return out

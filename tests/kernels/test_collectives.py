@@ -21,12 +21,13 @@ def _all_reduce_rank(rank, world, path):
         return ops.all_reduce(_partials(world)[rank])
 
 
-def _row_parallel_rank(rank, world, path):
+def _row_parallel_rank(rank, world, path, name=None):
     g = torch.Generator().manual_seed(5)
     x = torch.randn(37, 256, generator=g).bfloat16()
     w = torch.randn(80, 256, generator=g).bfloat16()
     k = 256 // world
-    with ops.use_contract(NumericsContract.default().with_ops(linear=path, all_reduce=path)):
+    contract = NumericsContract.named(name) if name else NumericsContract.default()
+    with ops.use_contract(contract.with_ops(linear=path, all_reduce=path)):
         return ops.linear(x[:, rank * k : (rank + 1) * k], w[:, rank * k : (rank + 1) * k], row_parallel=True,
                           tp_group=dist.group.WORLD, tp_size=world)
 
@@ -38,16 +39,39 @@ def test_strict_all_reduce_equals_canonical_sum(world):
         assert_bitwise_equal(got, expected, f"rank {rank} of {world}")
 
 
-def test_row_parallel_linear_is_layout_invariant():
-    results = {w: run_ranks(w, _row_parallel_rank, "strict") for w in (1, 2, 4)}
+@pytest.mark.parametrize("name", ["qwen3-dense-strict-v5", "qwen3-dense-strict-v6"])
+def test_row_parallel_linear_is_layout_invariant(name):
+    """v5: the ranks gather their chunk sums and merge them in order; v6: they pass one running sum on
+    in rank order (collectives.chain), the last rank broadcasting the rounded result."""
+    results = {w: run_ranks(w, _row_parallel_rank, "strict", name) for w in (1, 2, 4)}
     tp1 = results[1][0]
     g = torch.Generator().manual_seed(5)
     x = torch.randn(37, 256, generator=g).bfloat16()
     w = torch.randn(80, 256, generator=g).bfloat16()
-    assert_bitwise_equal(tp1, ops.linear(x, w, row_parallel=True), "TP1 under gloo vs plain strict linear")
+    with ops.use_contract(NumericsContract.named(name)):
+        alone = ops.linear(x, w, row_parallel=True)
+    assert_bitwise_equal(tp1, alone, "TP1 under gloo vs plain strict linear")
     for world in (2, 4):
         for rank, got in enumerate(results[world]):
             assert_bitwise_equal(got, tp1, f"TP{world} rank {rank} vs TP1")
+
+
+def _v6_native_reduce_rank(rank, world):
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(37, 256, generator=g).bfloat16(), torch.randn(80, 256, generator=g).bfloat16()
+    k = 256 // world
+    with ops.use_contract(NumericsContract.named("qwen3-dense-strict-v6").with_ops(all_reduce="native")):
+        return ops.linear(x[:, rank * k : (rank + 1) * k], w[:, rank * k : (rank + 1) * k], row_parallel=True,
+                          tp_group=dist.group.WORLD, tp_size=world)
+
+
+def test_v6_strict_linear_with_native_all_reduce_sums_each_ranks_own_chain():
+    """v6 with the all_reduce op native: each rank's chain from zero over its K slice, summed by the
+    backend (the control path: no bitwise claim across TP sizes); every rank holds the same result,
+    close to TP 1's."""
+    tp1, tp4 = run_ranks(1, _v6_native_reduce_rank)[0], run_ranks(4, _v6_native_reduce_rank)
+    assert all(torch.equal(t, tp4[0]) for t in tp4)
+    assert float((tp4[0].float() - tp1.float()).abs().max()) < 0.1
 
 
 def test_native_row_parallel_differs_from_tp1():

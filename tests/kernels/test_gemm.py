@@ -5,6 +5,8 @@ on both sides of 16 and 32 (15, 16, 17, 31, 32, 33) and far past them; K is cut 
 row-parallel layer and `column_k_chunks` (1, contract v3) for every other GEMM.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -56,6 +58,7 @@ def test_output_columns_do_not_depend_on_how_many_columns_are_computed():
 
 V4 = NumericsContract.named("qwen3-dense-strict-v4")
 V5 = NumericsContract.named("qwen3-dense-strict-v5")
+V6 = NumericsContract.named("qwen3-dense-strict-v6")
 
 
 @pytest.mark.parametrize("contract", [V5, V4], ids=["v5-sequential", "v4-pairwise"])
@@ -81,19 +84,19 @@ def test_v6_tp_shards_continue_the_running_sum_to_the_whole(dtype):
     """Contract v6 (chained): TP 2 and TP 4 shards, each continuing the fp32 running sum of the shards
     before it (`chain_partial(..., start=)`), give the unsharded layer's bits; a shard has no pieces of its
     own to merge, so `shard_partials` refuses it and says what to call."""
-    assert C.gemm.chunk_merge == "chained" and gemm.chained(C, True) and not gemm.chained(C, False)
+    assert V6.gemm.chunk_merge == "chained" and gemm.chained(V6, True) and not gemm.chained(V6, False)
     x = torch.randn(21, 256).to(dtype)
     w = (torch.randn(64, 256) / 16).to(dtype)
-    whole = gemm.partial(x, w, C, row_parallel=True)
-    assert_bitwise_equal(gemm.chain_partial(x, w, C), whole, "chain_partial from zero vs partial")
+    whole = gemm.partial(x, w, V6, row_parallel=True)
+    assert_bitwise_equal(gemm.chain_partial(x, w, V6), whole, "chain_partial from zero vs partial")
     for tp in (2, 4):
         width = 256 // tp
         total = None
         for s in range(0, 256, width):
-            total = gemm.chain_partial(x[:, s : s + width], w[:, s : s + width], C, total, shards=tp)
+            total = gemm.chain_partial(x[:, s : s + width], w[:, s : s + width], V6, total, shards=tp)
         assert_bitwise_equal(total, whole, f"TP {tp} chained shards vs one")
     with pytest.raises(OpInputError, match="continues the running sum"):
-        gemm.shard_partials(x[:, :128], w[:, :128], C, shards=2, row_parallel=True)
+        gemm.shard_partials(x[:, :128], w[:, :128], V6, shards=2, row_parallel=True)
 
 
 def test_v6_chunks_accumulate_onto_the_running_sum():
@@ -106,21 +109,21 @@ def test_v6_chunks_accumulate_onto_the_running_sum():
     total = parts[0][0] @ parts[0][1].t()
     for xc, wc in parts[1:]:
         total = torch.addmm(total, xc, wc.t())
-    assert_bitwise_equal(gemm.partial(x, w, C, row_parallel=True), total, "v6 vs addmm chain")
-    print(compare(gemm.partial(x, w, C, row_parallel=True), gemm.partial(x, w, V5, row_parallel=True),
+    assert_bitwise_equal(gemm.partial(x, w, V6, row_parallel=True), total, "v6 vs addmm chain")
+    print(compare(gemm.partial(x, w, V6, row_parallel=True), gemm.partial(x, w, V5, row_parallel=True),
                   "v6 chained vs v5 ordered merge on this CPU's backend"))
 
 
 def test_v6_chain_refuses_a_bad_running_sum_and_another_contract():
     x, w = torch.randn(4, 64), torch.randn(8, 64)
     with pytest.raises(OpInputError, match=r"running sum to continue must be fp32 \[4, 8\]"):
-        gemm.chain_partial(x, w, C, torch.zeros(4, 8, dtype=torch.float64))
+        gemm.chain_partial(x, w, V6, torch.zeros(4, 8, dtype=torch.float64))
     with pytest.raises(OpInputError, match=r"running sum to continue must be fp32 \[4, 8\]"):
-        gemm.chain_partial(x, w, C, torch.zeros(3, 8))
+        gemm.chain_partial(x, w, V6, torch.zeros(3, 8))
     with pytest.raises(OpInputError, match="chain_partial needs gemm.chunk_merge = 'chained'"):
         gemm.chain_partial(x, w, V5)
     with pytest.raises(OpInputError, match="one running sum"):
-        gemm.merge([x, x], C)
+        gemm.merge([x, x], V6)
 
 
 def test_v5_merges_chunks_in_order_and_v4_by_the_tree():
@@ -190,7 +193,7 @@ def test_bad_inputs_name_the_op_and_shapes():
         gemm.shard_partials(torch.randn(4, 16), torch.randn(3, 16), V5.replace(
             gemm=GemmSpec(k_chunks=2, chunk_merge="sequential")), shards=4, row_parallel=True)
     with pytest.raises(OpInputError, match="shards do not divide"):
-        gemm.chain_partial(torch.randn(4, 16), torch.randn(3, 16), C.replace(gemm=GemmSpec(k_chunks=2)), shards=4)
+        gemm.chain_partial(torch.randn(4, 16), torch.randn(3, 16), V6.replace(gemm=dataclasses.replace(V6.gemm, k_chunks=2)), shards=4)
 
 
 def test_weight_chunk_cache_holds_its_weights_weakly_and_follows_in_place_updates():

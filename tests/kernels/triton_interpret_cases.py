@@ -17,7 +17,7 @@ from rlkit.contract import AttentionSpec, GemmSpec, LogprobSpec, RmsNormSpec
 assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/kernels/test_triton_interpret.py"
 C = NumericsContract.named("qwen3-dense-strict-v5")  # the chunked merges (v6 differs only in the GEMM's)
 V4 = NumericsContract.named("qwen3-dense-strict-v4")
-V6 = NumericsContract.default()
+V6 = NumericsContract.named("qwen3-dense-strict-v6")
 
 
 def rel(out, ref):
