@@ -64,29 +64,50 @@ def native(tensor: torch.Tensor, group=None) -> torch.Tensor:
     return out
 
 
-def chain(step: Callable[[torch.Tensor | None], torch.Tensor], shape: tuple[int, ...], device: torch.device,
-          out_dtype: torch.dtype, group=None) -> torch.Tensor:
-    """The running fp32 sum passed through `group` in rank order: rank 0 computes `step(None)` (its part
-    from zero), rank r > 0 receives rank r - 1's sum and computes `step(start)` (its part accumulated onto
-    it) and passes it on; the last rank rounds it once to `out_dtype` and broadcasts it, so every rank
-    returns the same bits, those of one process running every rank's step in turn. `shape`: the sum's."""
+def chain_blocks(rows: int, world: int) -> list[tuple[int, int]]:
+    """The row blocks `chain` pipelines over: 2 x world of them (at most one a row), equal but the last.
+    With P blocks a row-parallel layer's t ranks take (P + t - 1) / P of one rank's time instead of t times
+    it. Rows are independent and the strict GEMM is batch-invariant, so the split moves no bit."""
+    if rows <= 0:
+        return [(0, 0)]
+    count = min(rows, 2 * world)
+    size = -(-rows // count)
+    return [(lo, min(lo + size, rows)) for lo in range(0, rows, size)]
+
+
+def chain(step: Callable[[torch.Tensor | None, int, int], torch.Tensor], rows: int, cols: int,
+          device: torch.device, out_dtype: torch.dtype, group=None) -> torch.Tensor:
+    """The running fp32 sum [rows, cols] passed through `group` in rank order: rank 0 computes
+    `step(None, lo, hi)` (its part of rows lo:hi from zero), rank r > 0 receives rank r - 1's sum of those
+    rows and computes `step(start, lo, hi)` (its part accumulated onto it) and passes it on; the last rank
+    rounds it once to `out_dtype` and broadcasts the whole, so every rank returns the same bits, those of
+    one process running every rank's step in turn. The rows go in `chain_blocks`, each sent on while the
+    next is computed (rank r works on block b while rank r - 1 is on block b + 1)."""
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size(group) == 1:
-        return step(None).to(out_dtype)
+        return _checked(step(None, 0, rows), rows, cols).to(out_dtype)
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
     ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(world)]
-    start = None
-    if rank > 0:
-        start = torch.empty(shape, dtype=torch.float32, device=device)
-        dist.recv(start, src=ranks[rank - 1], group=group)
-    total = step(start)
-    if total.dtype != torch.float32 or tuple(total.shape) != tuple(shape):
-        raise OpInputError(OP, f"a chain step must return the fp32 running sum {tuple(shape)}; got "
-                               f"{total.dtype} {tuple(total.shape)}")
-    if rank < world - 1:
-        dist.send(total.contiguous(), dst=ranks[rank + 1], group=group)
-        out = torch.empty(shape, dtype=out_dtype, device=device)
-    else:
-        out = total.to(out_dtype).contiguous()
+    out = torch.empty(rows, cols, dtype=out_dtype, device=device)
+    sends = []
+    for lo, hi in chain_blocks(rows, world):
+        start = None
+        if rank > 0:
+            start = torch.empty(hi - lo, cols, dtype=torch.float32, device=device)
+            dist.recv(start, src=ranks[rank - 1], group=group)
+        total = _checked(step(start, lo, hi), hi - lo, cols).contiguous()
+        if rank < world - 1:
+            sends.append((dist.isend(total, dst=ranks[rank + 1], group=group), total))  # kept alive until sent
+        else:
+            out[lo:hi] = total.to(out_dtype)
+    for work, _ in sends:
+        work.wait()
     dist.broadcast(out, src=ranks[-1], group=group)
     return out
+
+
+def _checked(total: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    if total.dtype != torch.float32 or tuple(total.shape) != (rows, cols):
+        raise OpInputError(OP, f"a chain step must return the fp32 running sum [{rows}, {cols}]; got "
+                               f"{total.dtype} {tuple(total.shape)}")
+    return total

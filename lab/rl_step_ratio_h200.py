@@ -56,6 +56,7 @@ import contextlib
 import dataclasses
 import gc
 import json
+import re
 import statistics
 import sys
 import threading
@@ -462,12 +463,12 @@ def main() -> int:
                 acts = [torch.profiler.ProfilerActivity.CPU] + (
                     [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
                 with torch.profiler.profile(activities=acts) as prof:
-                    steps, memory = timed_run(a.out / f"run-{name}-{path}", cfg, a.minutes)
+                    steps, memory = timed_run(a.out / f"run-{_slug(name)}-{path}", cfg, a.minutes)
                 report = profile_report(prof, f"{name} {path}, {len(steps)} steps")
                 (a.out / f"profile-{name}-{path}.txt").write_text(report)
                 print(report[:1500], flush=True)
             else:
-                steps, memory = timed_run(a.out / f"run-{name}-{path}", cfg, a.minutes, a.events)
+                steps, memory = timed_run(a.out / f"run-{_slug(name)}-{path}", cfg, a.minutes, a.events)
             result[path] = medians(steps, warmup)
             print(f"{name} {path}: {len(steps)} steps in {time.time() - t0:.0f} s: "
                   + " ".join(f"{k} {v:.3f}" for k, v in (result[path] | memory).items()), flush=True)
@@ -505,11 +506,16 @@ def print_table(table) -> None:
         print(f"{name:14} {'ratio':7} " + " ".join(f"{ratio.get(p, float('nan')):10.2f}" for p in PARTS))
 
 
+def _slug(label: str) -> str:
+    """A shape label as a directory name: 'validation [qwen3-dense-strict-v6]' -> 'validation-qwen3-dense-strict-v6'."""
+    return re.sub(r"[^A-Za-z0-9._]+", "-", label).strip("-")
+
+
 def interleaved_shape(a, name: str, cfg, device: str, sha: str, table: list) -> list[dict]:
     """One alternating run of shape `name`: its rows (each path's medians, the median pair ratios with
     every pair's value, the run's memory), and its line in `table` when it has a pair."""
     cfg = cfg.replace(steps=a.steps, path="strict", checkpoint_every=0)
-    run_dir = a.out / f"run-{name}-interleaved"
+    run_dir = a.out / f"run-{_slug(name)}-interleaved"
     done = threading.Event()
     watcher = threading.Thread(target=alternate_paths, args=(run_dir, done), daemon=True)
     t0 = time.time()

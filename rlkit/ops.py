@@ -104,8 +104,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, row_parallel: bool = False,
     order (strict all_reduce path) and the GEMM's own merge finishes the sum (`gemm.chunk_merge`), rounded
     once; with the all_reduce op native, each rank merges its pieces and the backend sums the ranks. Under
     the chained merge (v6) the ranks instead pass one running fp32 sum on in rank order (each continues
-    the chain of the ranks before it: kernels/collectives.py `chain`) and the last rank's, rounded once,
-    is broadcast; with the all_reduce op native each rank's own chain from zero is summed by the backend.
+    the chain of the ranks before it: kernels/collectives.py `chain`, pipelined over row blocks, which
+    moves no bit since rows are independent) and the last rank's, rounded once, is broadcast; with the all_reduce op native each rank's own chain from zero is summed by the backend.
     Native: a local GEMM plus the backend's all-reduce in the model dtype."""
     contract = _ACTIVE.get()
     if tp_size > 1 and not row_parallel:
@@ -121,8 +121,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, row_parallel: bool = False,
         if not _strict("all_reduce"):
             own = _gemm.strict_chain_partial(x, weight, contract, None, shards=tp_size)
             return _collectives.native(own, tp_group).to(out_dtype or x.dtype)
-        return _collectives.chain(lambda start: _gemm.strict_chain_partial(x, weight, contract, start, shards=tp_size),
-                                  (*x.shape[:-1], weight.shape[0]), x.device, out_dtype or x.dtype, tp_group)
+        x2 = x.reshape(-1, x.shape[-1])
+        out = _collectives.chain(lambda start, lo, hi: _gemm.strict_chain_partial(x2[lo:hi], weight, contract, start,
+                                                                                  shards=tp_size),
+                                 x2.shape[0], weight.shape[0], x.device, out_dtype or x.dtype, tp_group)
+        return out.reshape(*x.shape[:-1], weight.shape[0])
     pieces = _gemm.strict_shard_partials(x, weight, contract, shards=tp_size)
     if _strict("all_reduce"):
         reduced = _gemm.merge(_collectives.gather(pieces, tp_group), contract)

@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from rlkit import NumericsContract, ops
 from rlkit.bitwise import assert_bitwise_equal, compare
-from rlkit.kernels.collectives import canonical_sum
+from rlkit.kernels.collectives import canonical_sum, chain_blocks
 from tests.distributed import run_ranks
 
 
@@ -81,3 +81,12 @@ def test_native_row_parallel_differs_from_tp1():
     report = compare(tp4[0], tp1, "native TP4 vs TP1")
     print(report)
     assert report.differing > 0
+
+
+@pytest.mark.parametrize("rows, world", [(0, 2), (1, 4), (5, 4), (37, 2), (37, 4), (8192, 4)])
+def test_chain_blocks_cover_every_row_once_in_order(rows, world):
+    """The v6 chain's pipeline blocks: contiguous, in order, every row once, at most 2 x world of them."""
+    blocks = chain_blocks(rows, world)
+    assert blocks[0][0] == 0 and blocks[-1][1] == rows
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    assert len(blocks) <= max(1, 2 * world) and all(hi > lo for lo, hi in blocks if rows)
