@@ -610,11 +610,19 @@ def _forward(x, w, contract, out_dtype, row_parallel):
         if chained(contract, row_parallel):
             _chain_k_check(w, contract, 1)
         if kernel_chunks(contract, row_parallel) == 1:
-            x2 = x.reshape(-1, x.shape[-1])
-            if _cublas.admitted(x2, w, out, contract, lambda a, b: _launch(a, b, 1, contract, out, None)[0]):
-                return _cublas.linear(x2, w, out).reshape(*x.shape[:-1], w.shape[0])
+            return _one_chain(x, w, contract, out)
         return triton_partial(x, w, contract, 1, out, row_parallel=row_parallel)
     return reference(x, w, contract, out_dtype, row_parallel)
+
+
+def _one_chain(x, w, contract, out):
+    """One chain over K on the GPU: cuBLAS where its route admits the shape (the Triton kernel's bits,
+    checked at first use), else the Triton kernel."""
+    check_inputs(x, w)
+    x2 = x.reshape(-1, x.shape[-1])
+    if _cublas.admitted(x2, w, out, contract, lambda a, b: _launch(a, b, 1, contract, out, None)[0]):
+        return _cublas.linear(x2, w, out).reshape(*x.shape[:-1], w.shape[0])
+    return _launch(x, w, 1, contract, out, None)[0]
 
 
 def strict(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
@@ -662,7 +670,7 @@ def strict_chain_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsCon
     check_inputs(x, w)
     _chain_k_check(w, contract, shards)
     if start is None:
-        return _forward(x, w, contract, torch.float32, True)
+        return _one_chain(x, w, contract, torch.float32)
     return continue_launch(x, w, start, contract)[0]
 
 

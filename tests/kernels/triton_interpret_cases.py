@@ -107,6 +107,11 @@ def test_gemm_v6_row_parallel_is_one_chain_and_tp_ranks_continue_it(m):
         for s in range(0, 512, width):
             total = gemm.strict_chain_partial(x[:, s : s + width], w[:, s : s + width], V6, total, shards=tp)
         assert_bitwise_equal(total, y, f"TP {tp} ranks continuing the chain vs one")
+    xs, ws = exact(3, 8, seed=42), exact(16, 8, seed=43)  # TP 4 of K = 8: shards of 2, not a multiple of 4
+    total = None
+    for s in range(0, 8, 2):
+        total = gemm.strict_chain_partial(xs[:, s : s + 2], ws[:, s : s + 2], V6, total, shards=4)
+    assert_bitwise_equal(total, gemm.partial(xs, ws, V6, row_parallel=True), "TP 4 of K = 8 vs the reference")
     rounded, launches = gemm.continue_launch(x[:, 256:], w[:, 256:], gemm.strict_chain_partial(
         x[:, :256], w[:, :256], V6, None, shards=2), V6, torch.float16)
     assert launches[0].kernel == "continue"
