@@ -71,12 +71,6 @@ def chained(contract: NumericsContract, row_parallel: bool) -> bool:
     return row_parallel and contract.gemm.chunk_merge == "chained"
 
 
-def kernel_chunks(contract: NumericsContract, row_parallel: bool, shards: int = 1) -> int:
-    """How many from-zero chunk chains a GPU kernel computes for one shard's product: 1 where the chunks
-    chain (one chain over the shard's K), else the shard's share of the contract's chunks."""
-    return 1 if chained(contract, row_parallel) else chunk_count(contract, row_parallel) // max(shards, 1)
-
-
 def _chunk_bounds(k: int, chunks: int, contract: NumericsContract, row_parallel: bool) -> list[tuple[int, int]]:
     if k % chunks:
         field = "k_chunks" if row_parallel or contract.gemm.column_k_chunks is None else "column_k_chunks"
@@ -155,6 +149,18 @@ def pieces_per_shard(contract: NumericsContract, shards: int, row_parallel: bool
     return chunks if contract.gemm.chunk_merge == "sequential" and shards > 1 else 1
 
 
+def _operand_chunks(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int,
+                    row_parallel: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], int, int]:
+    """The CPU reference's operands for one shard: x's rows in fp32, padded to whole `row_tile` tiles, and
+    w, each cut into the shard's K chunks; returns (x chunks, w chunks (cached), padded rows, real rows).
+    Every operand is made contiguous in one canonical layout ([rows, kc] and [N, kc]), so a TP shard
+    (whose row stride is K/tp) hands the backend exactly what the unsharded layer does."""
+    chunks_total = _check_shards(contract, shards, row_parallel)
+    bounds = _chunk_bounds(w.shape[1], chunks_total // shards, contract, row_parallel)
+    padded, m = _tile_rows(x.reshape(-1, x.shape[-1]).float(), contract.gemm.row_tile)
+    return [padded[:, lo:hi].contiguous() for lo, hi in bounds], _weight_chunks(w, bounds), padded.shape[0], m
+
+
 def chain_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, start: torch.Tensor | None = None,
                   shards: int = 1) -> torch.Tensor:
     """fp32 [..., N]: a row-parallel shard's product under the chained merge, unrounded. `start` is the
@@ -166,23 +172,17 @@ def chain_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
     if not chained(contract, True):
         raise OpInputError(OP, f"chain_partial needs gemm.chunk_merge = 'chained' (contract v6); this contract's "
                                f"is {contract.gemm.chunk_merge!r} (use shard_partials)")
-    chunks_total = _check_shards(contract, shards, True)
-    bounds = _chunk_bounds(w.shape[1], chunks_total // shards, contract, True)
-    lead = x.shape[:-1]
-    x2d = x.reshape(-1, x.shape[-1]).float()
-    _check_start(start, x2d.shape[0], w.shape[0], x.device)
+    x_chunks, w_chunks, rows, m = _operand_chunks(x, w, contract, shards, True)
+    _check_start(start, m, w.shape[0], x.device)
     tile = contract.gemm.row_tile
-    padded, m = _tile_rows(x2d, tile)
     acc_in = None if start is None else _tile_rows(start.reshape(m, -1).float(), tile)[0]
-    w_chunks = _weight_chunks(w, bounds)
-    x_chunks = [padded[:, lo:hi].contiguous() for lo, hi in bounds]
-    out = torch.empty(padded.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
-    for r in range(0, padded.shape[0], tile):
+    out = torch.empty(rows, w.shape[0], dtype=torch.float32, device=x.device)
+    for r in range(0, rows, tile):
         acc = None if acc_in is None else acc_in[r : r + tile]
         for xc, wc in zip(x_chunks, w_chunks):
             acc = xc[r : r + tile] @ wc.t() if acc is None else torch.addmm(acc, xc[r : r + tile], wc.t())
         out[r : r + tile] = acc
-    return out[:m].reshape(*lead, w.shape[0])
+    return out[:m].reshape(*x.shape[:-1], w.shape[0])
 
 
 def _check_start(start: torch.Tensor | None, m: int, n: int, device: torch.device) -> None:
@@ -205,25 +205,17 @@ def shard_partials(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
             raise OpInputError(OP, f"{shards} shards under the chained merge: a shard continues the running sum "
                                    f"of the shards before it (chain_partial(..., start=)), it has no pieces of its own")
         return chain_partial(x, w, contract).unsqueeze(0)
-    chunks_total = _check_shards(contract, shards, row_parallel)
-    bounds = _chunk_bounds(w.shape[1], chunks_total // shards, contract, row_parallel)
+    x_chunks, w_chunks, rows, m = _operand_chunks(x, w, contract, shards, row_parallel)
     pieces = pieces_per_shard(contract, shards, row_parallel)
-    lead = x.shape[:-1]
-    x2d = x.reshape(-1, x.shape[-1]).float()
     tile = contract.gemm.row_tile
-    padded, m = _tile_rows(x2d, tile)
-    # Every operand is made contiguous in one canonical layout ([rows, kc] and [N, kc]), so a TP shard
-    # (whose row stride is K/tp) hands the backend exactly what the unsharded layer does.
-    w_chunks = _weight_chunks(w, bounds)
-    x_chunks = [padded[:, lo:hi].contiguous() for lo, hi in bounds]
-    out = torch.empty(pieces, padded.shape[0], w.shape[0], dtype=torch.float32, device=x.device)
-    for r in range(0, padded.shape[0], tile):
+    out = torch.empty(pieces, rows, w.shape[0], dtype=torch.float32, device=x.device)
+    for r in range(0, rows, tile):
         parts = [xc[r : r + tile] @ wc.t() for xc, wc in zip(x_chunks, w_chunks)]
         if pieces == 1:
             out[0, r : r + tile] = merge(parts, contract)
         else:
             out[:, r : r + tile] = torch.stack(parts)
-    return out[:, :m].reshape(pieces, *lead, w.shape[0])
+    return out[:, :m].reshape(pieces, *x.shape[:-1], w.shape[0])
 
 
 def partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, row_parallel: bool = False) -> torch.Tensor:
@@ -435,12 +427,14 @@ def supported(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shar
             and x.dtype == w.dtype)
 
 
-def _chain_k_check(w: torch.Tensor, contract: NumericsContract, shards: int) -> None:
-    """A chained product is one chain on the GPU, but its K must cut into the contract's chunks as on
-    the CPU (the same shapes are accepted on both): the reference's error otherwise."""
-    per_shard = _check_shards(contract, shards, True) // shards
-    if w.shape[1] % per_shard:
-        _chunk_bounds(w.shape[1], per_shard, contract, True)
+def _shard_chunks(w: torch.Tensor, contract: NumericsContract, shards: int, row_parallel: bool) -> int:
+    """The shard's share of the contract's K chunks, after the reference's checks (the same shapes are
+    refused on the GPU as on the CPU, with the same errors; a chained product too, though its GPU kernel
+    runs one chain)."""
+    c = _check_shards(contract, shards, row_parallel) // shards
+    if w.shape[1] % c:
+        _chunk_bounds(w.shape[1], c, contract, row_parallel)  # raises the reference's error
+    return c
 
 
 def triton_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, shards: int = 1,
@@ -467,13 +461,8 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
                   row_parallel: bool = False) -> tuple[torch.Tensor, list[_tr.Launch]]:
     """`triton_partial` and what it launched: one `Launch` (kernel, plan, compiled stats) a kernel call."""
     check_inputs(x, w)
-    if chained(contract, row_parallel):
-        _chain_k_check(w, contract, shards)
-        return _launch(x, w, 1, contract, out_dtype, config)
-    c = _check_shards(contract, shards, row_parallel) // shards
-    if w.shape[1] % c:
-        _chunk_bounds(w.shape[1], c, contract, row_parallel)  # raises the reference's error
-    return _launch(x, w, c, contract, out_dtype, config)
+    c = _shard_chunks(w, contract, shards, row_parallel)
+    return _launch(x, w, 1 if chained(contract, row_parallel) else c, contract, out_dtype, config)
 
 
 def _gluon_k_step(cfg: dict, k_tile: int) -> int:
@@ -607,9 +596,8 @@ class _StrictLinear(torch.autograd.Function):
 def _forward(x, w, contract, out_dtype, row_parallel):
     if _tr.on_gpu(x, w) and supported(x, w, contract, 1, row_parallel):
         out = out_dtype or x.dtype
-        if chained(contract, row_parallel):
-            _chain_k_check(w, contract, 1)
-        if kernel_chunks(contract, row_parallel) == 1:
+        if chained(contract, row_parallel) or chunk_count(contract, row_parallel) == 1:
+            _shard_chunks(w, contract, 1, row_parallel)
             return _one_chain(x, w, contract, out)
         return triton_partial(x, w, contract, 1, out, row_parallel=row_parallel)
     return reference(x, w, contract, out_dtype, row_parallel)
@@ -668,7 +656,7 @@ def strict_chain_partial(x: torch.Tensor, w: torch.Tensor, contract: NumericsCon
             and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
         return chain_partial(x, w, contract, start, shards)
     check_inputs(x, w)
-    _chain_k_check(w, contract, shards)
+    _shard_chunks(w, contract, shards, True)
     if start is None:
         return _one_chain(x, w, contract, torch.float32)
     return continue_launch(x, w, start, contract)[0]

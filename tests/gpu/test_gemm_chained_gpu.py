@@ -9,6 +9,7 @@ import torch
 from rlkit import NumericsContract
 from rlkit.bitwise import assert_bitwise_equal, compare
 from rlkit.kernels import gemm, gemm_cublas
+from tests.kernels.chained import ranks_in_turn
 
 pytestmark = pytest.mark.gpu
 C = NumericsContract.named("qwen3-dense-strict-v6")
@@ -54,11 +55,8 @@ def test_tp_ranks_continuing_the_running_sum_give_the_whole(label, m):
     whole = gemm.strict_chain_partial(x, w, C)
     assert_bitwise_equal(whole.bfloat16(), gemm.strict(x, w, C, row_parallel=True), f"{label} fp32 whole vs strict")
     for tp in (2, 4):
-        width = k // tp
-        total = None
-        for s in range(0, k, width):
-            total = gemm.strict_chain_partial(x[:, s : s + width], w[:, s : s + width], C, total, shards=tp)
-        assert_bitwise_equal(total, whole, f"{label}: TP{tp} ranks continuing the chain vs one, M={m}")
+        assert_bitwise_equal(ranks_in_turn(gemm.strict_chain_partial, x, w, C, tp), whole,
+                             f"{label}: TP{tp} ranks continuing the chain vs one, M={m}")
     start = gemm.strict_chain_partial(x[:, : k // 2], w[:, : k // 2], C, None, shards=2)
     y, launches = gemm.continue_launch(x[:, k // 2 :], w[:, k // 2 :], start, C, torch.bfloat16)
     assert [ln.kernel for ln in launches] == ["continue"]

@@ -18,6 +18,7 @@ from rlkit.contract import GemmSpec
 from rlkit.kernels import gemm
 from rlkit.kernels.errors import OpInputError
 from tests.kernels.tolerances import REL_TOL, rel_err
+from tests.kernels.chained import ranks_in_turn
 from tests.negative import require_native_difference
 
 C = NumericsContract.default()
@@ -90,11 +91,7 @@ def test_v6_tp_shards_continue_the_running_sum_to_the_whole(dtype):
     whole = gemm.partial(x, w, V6, row_parallel=True)
     assert_bitwise_equal(gemm.chain_partial(x, w, V6), whole, "chain_partial from zero vs partial")
     for tp in (2, 4):
-        width = 256 // tp
-        total = None
-        for s in range(0, 256, width):
-            total = gemm.chain_partial(x[:, s : s + width], w[:, s : s + width], V6, total, shards=tp)
-        assert_bitwise_equal(total, whole, f"TP {tp} chained shards vs one")
+        assert_bitwise_equal(ranks_in_turn(gemm.chain_partial, x, w, V6, tp), whole, f"TP {tp} chained shards vs one")
     with pytest.raises(OpInputError, match="continues the running sum"):
         gemm.shard_partials(x[:, :128], w[:, :128], V6, shards=2, row_parallel=True)
 

@@ -13,6 +13,7 @@ import torch
 from rlkit import NumericsContract
 from rlkit.bitwise import assert_bitwise_equal
 from rlkit.contract import AttentionSpec, GemmSpec, LogprobSpec, RmsNormSpec
+from tests.kernels.chained import ranks_in_turn
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run through tests/kernels/test_triton_interpret.py"
 C = NumericsContract.named("qwen3-dense-strict-v5")  # the chunked merges (v6 differs only in the GEMM's)
@@ -102,16 +103,11 @@ def test_gemm_v6_row_parallel_is_one_chain_and_tp_ranks_continue_it(m):
     assert_bitwise_equal(y, gemm.triton_partial(x, w, V6, 1, torch.float32), "row-parallel vs column one chain")
     assert_bitwise_equal(y, gemm.partial(x, w, V6, row_parallel=True), "vs the CPU reference (exact inputs)")
     for tp in (2, 4):
-        width = 512 // tp
-        total = None
-        for s in range(0, 512, width):
-            total = gemm.strict_chain_partial(x[:, s : s + width], w[:, s : s + width], V6, total, shards=tp)
-        assert_bitwise_equal(total, y, f"TP {tp} ranks continuing the chain vs one")
+        assert_bitwise_equal(ranks_in_turn(gemm.strict_chain_partial, x, w, V6, tp), y,
+                             f"TP {tp} ranks continuing the chain vs one")
     xs, ws = exact(3, 8, seed=42), exact(16, 8, seed=43)  # TP 4 of K = 8: shards of 2, not a multiple of 4
-    total = None
-    for s in range(0, 8, 2):
-        total = gemm.strict_chain_partial(xs[:, s : s + 2], ws[:, s : s + 2], V6, total, shards=4)
-    assert_bitwise_equal(total, gemm.partial(xs, ws, V6, row_parallel=True), "TP 4 of K = 8 vs the reference")
+    assert_bitwise_equal(ranks_in_turn(gemm.strict_chain_partial, xs, ws, V6, 4),
+                         gemm.partial(xs, ws, V6, row_parallel=True), "TP 4 of K = 8 vs the reference")
     rounded, launches = gemm.continue_launch(x[:, 256:], w[:, 256:], gemm.strict_chain_partial(
         x[:, :256], w[:, :256], V6, None, shards=2), V6, torch.float16)
     assert launches[0].kernel == "continue"
