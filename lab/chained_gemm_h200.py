@@ -39,7 +39,7 @@ def main() -> None:
     from rlkit.bitwise import compare
     from rlkit.kernels import gemm
 
-    v6, v5 = NumericsContract.default(), NumericsContract.named("qwen3-dense-strict-v5")
+    v6, v5 = NumericsContract.named("qwen3-dense-strict-v6"), NumericsContract.named("qwen3-dense-strict-v5")
     device, commit = torch.cuda.get_device_name(), os.environ.get("RLKIT_COMMIT", "unknown")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []

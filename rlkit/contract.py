@@ -142,7 +142,7 @@ class GemmSpec(_Section):
     so the backend's blocking, and each row's reduction order, never depends on the batch size."""
     k_tile: int = 64
     """GPU kernels: K elements per pipelined step inside a chunk; steps accumulate sequentially in order."""
-    chunk_merge: str = "sequential"
+    chunk_merge: str = "chained"
     """Version 5: how the fp32 chunk partials of one output element meet. "sequential": added in chunk
     order, ((c0 + c1) + c2) + c3, so a kernel computing every chunk of a tile holds two accumulators at
     most (the running chunk and the sum so far); a TP rank then contributes its chunks' partials
@@ -278,7 +278,7 @@ V6_NAME = "qwen3-dense-strict-v6"
 VERSIONS = (1, 2, 3, 4, 5, 6)
 NAMES = {V6_NAME: 6, V5_NAME: 5, V4_NAME: 4, V3_NAME: 3, V2_NAME: 2, V1_NAME: 1}
 """Every released contract, newest first, with its version."""
-DEFAULT_NAME = V5_NAME
+DEFAULT_NAME = V6_NAME
 """What `NumericsContract.default()` and a run's configuration use. v6 becomes the default once the H200
 has run its bitwise test set and measured it faster (issue 16); until then v5."""
 
@@ -308,14 +308,13 @@ did): an earlier version does not write them and accepts no other value."""
 
 CHANGED_IN: dict[int, dict[str, dict[str, Any]]] = {
     4: {"attention": {"block_size": 32, "split_size": 256}},
+    6: {"gemm": {"chunk_merge": "sequential"}},
 }
 """Defaults a version changed, with the value every earlier version has: {version: {section: {field:
 earlier value}}}. Every version writes these fields, so stores read back unchanged; `named()` builds an
 earlier version with its own values."""
 
-NEWER_VALUES: dict[int, dict[str, dict[str, Any]]] = {
-    6: {"gemm": {"chunk_merge": "chained"}},
-}
+NEWER_VALUES: dict[int, dict[str, dict[str, Any]]] = {}
 """Values of versions newer than the default (the dataclasses' defaults are DEFAULT_NAME's): {version:
 {section: {field: value}}}; `named()` builds such a version with them. When a newer version becomes the
 default, its values move into the dataclasses and the default's old ones into CHANGED_IN."""
@@ -335,8 +334,8 @@ def absent_fields(version: int) -> dict[str, dict[str, Any]]:
 class NumericsContract:
     """A named, versioned, frozen numerics contract. Build with `default()` and derive with `with_ops`."""
 
-    name: str = V5_NAME
-    version: int = 5
+    name: str = V6_NAME
+    version: int = 6
     """The field defaults are DEFAULT_NAME's (`NumericsContract()` is `default()`). The structure of the fields: 1 (the v1 field set, V1_FIXED included), 2, 3, 4, 5 or 6 (this class's
     fields); ADDED_IN says which fields each version added."""
     paths: OpPaths = field(default_factory=OpPaths)

@@ -112,6 +112,10 @@ def batch_invariant_ops_matmul():
     return lambda x, w: matmul_persistent(x, w.t())
 
 
+BESIDE = ("qwen3-dense-strict-v6", "qwen3-dense-strict-v5")
+"""Contracts whose GEMM is timed beside the default's (the default itself is left out)."""
+
+
 def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False, layers=None,
                native_only: bool = False, native_at_defaults: dict | None = None) -> None:
     """Every projection of each model at every M (or the `layers` named): cuBLAS, rlkit strict (what
@@ -126,7 +130,9 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
     from rlkit.kernels import gemm, gemm_cublas
 
     c, v4 = NumericsContract.default(), NumericsContract.named("qwen3-dense-strict-v4")
-    v6 = NumericsContract.named("qwen3-dense-strict-v6")  # the chained row-parallel merge (not yet the default)
+    # v5 (the ordered merge of from-zero chunks) and v6 (the chunks chain), whichever is not the default,
+    # timed beside it: what the row-parallel layers gain or lose between the two
+    beside = {f"strict_v{other.version}": other for other in map(NumericsContract.named, BESIDE) if other.name != c.name}
     tm = batch_invariant_ops_matmul()
     print(f"bench gemm: batch_invariant_ops {'found' if tm else 'not importable (column left out)'}", flush=True)
     compiled: dict = {}  # kernel kind -> the last Launch of that kind (registers, spills)
@@ -157,8 +163,9 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
                     "strict": lambda: gemm.strict(x, w, c, torch.bfloat16, row_parallel=row_par),
                     "strict_triton": lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, row_parallel=row_par),
                     "strict_v4": lambda: gemm.triton_partial(x, w, v4, 1, torch.bfloat16, row_parallel=row_par),
-                    "strict_v6": lambda: gemm.strict(x, w, v6, torch.bfloat16, row_parallel=row_par),
                 }
+                impls.update({impl: (lambda o=other: gemm.strict(x, w, o, torch.bfloat16, row_parallel=row_par))
+                              for impl, other in beside.items()})
                 if tm is not None:
                     impls["batch_invariant_ops"] = lambda: tm(x, w)
                 times = {impl: _graph_ms(fn) for impl, fn in impls.items()}
