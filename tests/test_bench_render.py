@@ -154,12 +154,32 @@ def test_launch_bound_calls_are_timed_in_turn_and_compared_round_by_round(monkey
     assert kernels._round_ratio(rounds, "paged", "strict") == 1.25
 
 
-def test_gemm_cells_show_contract_v6_where_its_rows_exist():
-    """The benchmark times contract v6 (selectable) beside the default: its ratio joins the cell and the
-    table says what it is; a file without v6 rows renders as before."""
+def test_gemm_cells_show_the_other_contract_where_its_rows_exist():
+    """The benchmark times v5 or v6, whichever is not the default, beside the default: its ratio joins the
+    cell and the table names both contracts; a file without such rows renders as before (rows from before
+    the contract row was written ran under v5)."""
     shape = "qwen3-0.6b.o M=256 K=2048 N=1024"
-    rows = [_row("gemm", "strict", shape, "ratio_vs_native", 0.62), _row("gemm", "strict_v6", shape, "ratio_vs_native", 0.97)]
+    now = [_row("gemm", "strict", "contract", "name:qwen3-dense-strict-v6", 1.0),
+           _row("gemm", "strict", shape, "ratio_vs_native", 0.97), _row("gemm", "strict_v5", shape, "ratio_vs_native", 0.62)]
+    text = render(now)
+    assert "| 256 | 0.97 · v5 0.62 |" in text
+    assert "Contract qwen3-dense-strict-v6. o and down are row-parallel: under v6" in text
+    assert "qwen3-dense-strict-v5, timed beside" in text
+    before = [_row("gemm", "strict", shape, "ratio_vs_native", 0.62), _row("gemm", "strict_v6", shape, "ratio_vs_native", 0.97)]
+    text = render(before)
+    assert "| 256 | 0.62 · v6 0.97 |" in text and "Contract qwen3-dense-strict-v5. o and down are row-parallel: under v5" in text
+    plain = render(before[:1])
+    assert "| 256 | 0.62 |" in plain and "timed beside" not in plain
+
+
+def test_an_interleaved_logprob_ratio_shows_the_times_of_its_own_rounds():
+    """The logprob's launch-bound cells get a second ratio, strict and torch timed in turn in one process:
+    its line shows those two times, not the child process's native time the plain ratio used."""
+    shape = "lm_head M=1 K=4096 V=151936"
+    rows = [_row("logprob", "native_mm_log_softmax", shape, "ms", 0.339), _row("logprob", "strict", shape, "ms", 0.513),
+            _row("logprob", "strict", shape, "ratio_vs_native", 0.66),
+            _row("logprob", "strict_interleaved", shape, "ms", 0.31), _row("logprob", "native_interleaved", shape, "ms", 0.34),
+            _row("logprob", "strict", shape, "ratio_vs_native_interleaved", 1.09)]
     text = render(rows)
-    assert "| 256 | 0.62 · v6 0.97 |" in text and "qwen3-dense-strict-v6" in text
-    plain = render(rows[:1])
-    assert "| 256 | 0.62 |" in plain and "qwen3-dense-strict-v6" not in plain
+    assert f"| {shape} | strict | ratio_vs_native | 0.660 | 0.513 | 0.339 |" in text
+    assert f"| {shape} | strict | ratio_vs_native_interleaved | 1.090 | 0.310 | 0.340 |" in text

@@ -114,6 +114,8 @@ def batch_invariant_ops_matmul():
 
 BESIDE = ("qwen3-dense-strict-v6", "qwen3-dense-strict-v5")
 """Contracts whose GEMM is timed beside the default's (the default itself is left out)."""
+BESIDE_IMPLS = {"strict_v6": "v6", "strict_v5": "v5"}
+"""Their rows' impl -> the label their cells get in BENCHMARKS.md."""
 
 
 def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False, layers=None,
@@ -133,6 +135,7 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
     # v5 (the ordered merge of from-zero chunks) and v6 (the chunks chain), whichever is not the default,
     # timed beside it: what the row-parallel layers gain or lose between the two
     beside = {f"strict_v{other.version}": other for other in map(NumericsContract.named, BESIDE) if other.name != c.name}
+    rec.add("gemm", "strict", "contract", f"name:{c.name}", 1.0)
     tm = batch_invariant_ops_matmul()
     print(f"bench gemm: batch_invariant_ops {'found' if tm else 'not importable (column left out)'}", flush=True)
     compiled: dict = {}  # kernel kind -> the last Launch of that kind (registers, spills)
@@ -414,6 +417,17 @@ def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096), native_only: bool = Fal
             gemm.strict(h, w, c, torch.float32), ids, c, None, None))
         rec.add("logprob", "strict_kernels_without_id_check", shape, "ms", t_unchecked)
         rec.add("logprob", "strict_kernels_without_id_check", shape, "ratio_vs_native", t_nat / t_unchecked)
+        # few rows are launch-bound, and the native time above comes from another process minutes away,
+        # while the host's launch latency switches state for seconds at a time (lab/LOG.md 2026-12-04
+        # session 21): strict and torch's mm + log_softmax in this process (no cuBLAS workspace: at the
+        # lm_head's N the same cuBLAS kernels as at the defaults, lab/LOG.md 2026-12-03 session 16), timed
+        # in turn, the ratio taken round by round
+        times, per_round = _bench_interleaved({
+            "strict": lambda: logprob.triton_logprob(h, w, ids, c),
+            "native": lambda: torch.log_softmax(F.linear(h, w).float(), -1).gather(-1, ids[:, None])})
+        rec.add("logprob", "strict_interleaved", shape, "ms", times["strict"])
+        rec.add("logprob", "native_interleaved", shape, "ms", times["native"])
+        rec.add("logprob", "strict", shape, "ratio_vs_native_interleaved", _round_ratio(per_round, "native", "strict"))
 
 
 def bench_rowwise(rec: Recorder, rows: int = 4096) -> None:
@@ -524,9 +538,28 @@ def _get(rows, op, impl, shape, metric):
     return None
 
 
+ROW_PARALLEL_NOTES = {
+    "qwen3-dense-strict-v6": "o and down are row-parallel: under v6 their 4 K chunks chain (each starts from the "
+                             "running sum of those before it), so they are one chain over K like the rest",
+    "qwen3-dense-strict-v5": "o and down are row-parallel: under v5 4 K chunks, each from zero, added in order (the "
+                             "Triton kernel, or on sm_90 with many tiles and chunks <= 1536 the Gluon kernel of "
+                             "kernels/gemm_gluon.py: the same bits); the rest one chain over K",
+}
+"""What the row-parallel cells ran under each default contract the benchmark has been run at."""
+
+
+def _gemm_contract(rows: list[dict]) -> str:
+    """The contract the GEMM rows' "strict" ran under (its `contract:` row; rows from before it: v5)."""
+    named = [r["metric"].split(":", 1)[1] for r in rows
+             if r["op"] == "gemm" and r["shape"] == "contract" and r["metric"].startswith("name:")]
+    return named[-1] if named else "qwen3-dense-strict-v5"
+
+
 def _render_gemm(rows: list[dict]) -> list[str]:
-    """One table per model: strict / cuBLAS speed ratio, and strict / batch_invariant_ops where timed."""
+    """One table per model: strict / cuBLAS speed ratio, strict / batch_invariant_ops where timed, and the
+    other contract's GEMM (strict_v5 or strict_v6, whichever the default was not) where timed."""
     sel = [r for r in rows if r["op"] == "gemm" and r["impl"] == "strict" and r["metric"] == "ratio_vs_native"]
+    contract = _gemm_contract(rows)
     out: list[str] = []
     models = list(dict.fromkeys(r["shape"].split()[0].rsplit(".", 1)[0] for r in sel if "." in r["shape"].split()[0]))
     for model in models:
@@ -536,17 +569,17 @@ def _render_gemm(rows: list[dict]) -> list[str]:
         ratios = [r["median"] for r in cells]
         vs_tm = [x["median"] for x in rows if x["op"] == "gemm" and x["metric"] == "ratio_vs_batch_invariant_ops"
                  and x["shape"].startswith(model + ".")]
+        beside = sorted({x["impl"] for x in rows if x["op"] == "gemm" and x["impl"] in BESIDE_IMPLS
+                         and x["shape"].startswith(model + ".")})
         out += [f"## GEMM, {model} projections (bf16): strict / cuBLAS speed ratio"
                 + (" · strict / batch_invariant_ops" if vs_tm else ""), "",
                 f"Lowest vs cuBLAS: {min(ratios):.2f} (target >= 0.90)"
                 + (f"; lowest vs batch_invariant_ops: {min(vs_tm):.2f} (target >= 1.0)" if vs_tm else "")
-                + ". o and down are row-parallel (4 K chunks, merged as the contract says: in order under v5; the Triton "
-                "kernel, or on sm_90 with many tiles and chunks <= 1536 the Gluon kernel of kernels/gemm_gluon.py: the "
-                "same bits), the rest one chain over K (on cuBLAS without split-K where the route admits the shape: the "
-                "Triton kernel's bits, checked; kernels/gemm_cublas.py). cuBLAS is timed at torch's defaults."
-                + (" \"v6\": contract qwen3-dense-strict-v6 (selectable), whose row-parallel chunks chain: every "
-                   "projection one chain over K." if any(x["op"] == "gemm" and x["impl"] == "strict_v6"
-                                                         and x["shape"].startswith(model + ".") for x in rows) else ""), "",
+                + f". Contract {contract}. {ROW_PARALLEL_NOTES.get(contract, '')} (on cuBLAS without split-K where "
+                "the route admits the shape: the Triton kernel's bits, checked; kernels/gemm_cublas.py). cuBLAS is "
+                "timed at torch's defaults."
+                + "".join(f" \"{BESIDE_IMPLS[b]}\": the same cell under qwen3-dense-strict-{BESIDE_IMPLS[b]}, timed beside."
+                          for b in beside), "",
                 "| M | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         for m in ms:
             line = []
@@ -554,9 +587,10 @@ def _render_gemm(rows: list[dict]) -> list[str]:
                 shape = next((r["shape"] for r in cells if r["shape"].startswith(f"{model}.{nm} M={m} ")), None)
                 v = _get(rows, "gemm", "strict", shape, "ratio_vs_native") if shape else None
                 t = _get(rows, "gemm", "strict", shape, "ratio_vs_batch_invariant_ops") if shape else None
-                v6 = _get(rows, "gemm", "strict_v6", shape, "ratio_vs_native") if shape else None
+                others = [(BESIDE_IMPLS[b], _get(rows, "gemm", b, shape, "ratio_vs_native") if shape else None)
+                          for b in beside]
                 line.append("-" if v is None else f"{v:.2f}" + (f" · {t:.2f}" if t is not None else "")
-                            + (f" · v6 {v6:.2f}" if v6 is not None else ""))
+                            + "".join(f" · {label} {o:.2f}" for label, o in others if o is not None))
             out.append(f"| {m} | " + " | ".join(line) + " |")
         out.append("")
     return out
@@ -649,6 +683,7 @@ def render(rows: list[dict]) -> str:
                       ("rms_norm", "RMSNorm"), ("swiglu", "SwiGLU"), ("rope", "RoPE"),
                       ("engine_step", "Embedded engine decode step")):
         sel = [r for r in rows if r["op"] == op and r["metric"] in ("ratio_vs_native", "ratio_vs_native_paged",
+                                                                     "ratio_vs_native_interleaved",
                                                                      "fraction_of_hbm_limit")]
         if not sel:
             continue
@@ -656,13 +691,17 @@ def render(rows: list[dict]) -> str:
         for r in sel:
             # a strict variant's row (strict_row_programs, strict_kernels_without_id_check, ...) shows its own
             # time in the strict column ("-" where it recorded none) and the native baseline beside it
+            # (an interleaved ratio: both times from the rounds it was taken over)
             variant = r["impl"].startswith("strict_")
-            ms_s = _get(rows, op, r["impl"] if variant else "strict", r["shape"], "ms")
-            want = ("native_paged" if r["metric"] == "ratio_vs_native_paged"
+            interleaved = r["metric"] == "ratio_vs_native_interleaved"
+            ms_s = _get(rows, op, "strict_interleaved" if interleaved else r["impl"] if variant else "strict",
+                        r["shape"], "ms")
+            want = ("native_paged" if r["metric"] == "ratio_vs_native_paged" else "native_interleaved" if interleaved
                     else r["impl"] if r["impl"] != "strict" and not variant else None)
             ms_n = next((x["median"] for x in rows if x["op"] == op and x["shape"] == r["shape"]
                          and x["metric"] == "ms" and x["impl"] not in ("strict", "native_no_workspace")
-                         and (x["impl"] == want or (want is None and x["impl"] != "native_paged"))), None)
+                         and (x["impl"] == want or (want is None and x["impl"] not in ("native_paged",
+                                                                                        "native_interleaved")))), None)
             fmt = lambda v: f"{v:.3f}" if v is not None else "-"  # noqa: E731
             out.append(f"| {r['shape']} | {r['impl']} | {r['metric']} | {r['median']:.3f} | {fmt(ms_s)} | {fmt(ms_n)} |")
         out.append("")
