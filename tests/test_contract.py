@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_default_is_named_versioned_and_all_strict():
     c = NumericsContract.default()
-    assert c.name == "qwen3-dense-strict-v5"
-    assert c.version == 5
+    assert c.name == "qwen3-dense-strict-v6"
+    assert c.version == 6
     assert c.all_strict
     assert all(c.path(op) == "strict" for op in OPS)
 
@@ -108,9 +108,11 @@ def test_v5_merges_gemm_chunks_in_order_and_keeps_v4_elsewhere():
 
 def test_v6_chains_the_row_parallel_chunks_and_keeps_v5_elsewhere():
     """v6 changes one value: gemm.chunk_merge = "chained" (v5's field, so v5 stores read back unchanged);
-    no earlier version accepts the chained merge, and v6 may still name the others."""
+    no earlier version accepts the chained merge, and v6 may still name the others. v6 is the default; v5
+    keeps its fingerprint."""
     v6, v5 = NumericsContract.named("qwen3-dense-strict-v6"), NumericsContract.named("qwen3-dense-strict-v5")
-    assert NumericsContract() == NumericsContract.default() == v5  # v5 stays the default until the H200 measures v6
+    assert NumericsContract() == NumericsContract.default() == v6
+    assert v6.fingerprint() == "6d1e0e7d59ba61fc" and v5.fingerprint() == "72aaa5a31841ace5"
     assert v6.gemm.chunk_merge == "chained" and v5.gemm.chunk_merge == "sequential"
     assert dataclasses.replace(v6.gemm, chunk_merge="sequential") == v5.gemm
     assert (v6.attention, v6.logprob, v6.rms_norm, v6.gpu) == (v5.attention, v5.logprob, v5.rms_norm, v5.gpu)
@@ -246,18 +248,18 @@ def test_every_op_path_refuses_other_values(op):
 
 
 def test_records_of_different_contracts_are_never_compared():
-    """A store written under v1 holds v1 fingerprints: comparing its records with a v2 run's is refused
+    """A store written under v1 holds v1 fingerprints: comparing its records with a default run's is refused
     with one line naming both contracts (an unknown fingerprint is named as it is)."""
-    v1, v2 = NumericsContract.v1(), NumericsContract.default()
+    v1, default = NumericsContract.v1(), NumericsContract.default()
     check_fingerprints(v1.fingerprint(), v1.fingerprint())
     with pytest.raises(FingerprintMismatch) as err:
-        check_fingerprints(v1.fingerprint(), v2.with_ops(attention="native").fingerprint())
+        check_fingerprints(v1.fingerprint(), default.with_ops(attention="native").fingerprint())
     msg = str(err.value)
     assert "\n" not in msg and "refusing to compare" in msg
     assert "b8dbda3e304b4df3 (qwen3-dense-strict-v1 v1, all strict)" in msg
-    assert f"{v2.with_ops(attention='native').fingerprint()} (qwen3-dense-strict-v5 v5, native attention)" in msg
+    assert f"{default.with_ops(attention='native').fingerprint()} (qwen3-dense-strict-v6 v6, native attention)" in msg
     with pytest.raises(FingerprintMismatch, match="rollout contract 0123456789abcdef != trainer"):
-        check_fingerprints("0123456789abcdef", v2.fingerprint())
+        check_fingerprints("0123456789abcdef", default.fingerprint())
 
 
 def test_numerics_table_points_at_code_and_tests_that_exist():

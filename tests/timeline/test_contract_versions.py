@@ -45,5 +45,5 @@ def test_a_v1_store_opens_and_names_its_contract(tmp_path):
     assert NumericsContract.from_fingerprint(rec.contract_fingerprint) == NumericsContract.v1()
     check_fingerprints(rec.contract_fingerprint, recompute.contract_fingerprint)  # same contract: compared
     with pytest.raises(FingerprintMismatch, match=r"qwen3-dense-strict-v1 v1, all strict\) != trainer contract "
-                                                  r"\w+ \(qwen3-dense-strict-v5 v5, all strict\)"):
+                                                  r"\w+ \(qwen3-dense-strict-v6 v6, all strict\)"):
         check_fingerprints(rec.contract_fingerprint, NumericsContract.default().fingerprint())
