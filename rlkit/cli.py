@@ -126,7 +126,7 @@ refused and writes nothing."""
 
 
 def _add_run(sub) -> None:
-    from rlkit.contract import DEFAULT_NAME, NAMES, V6_NAME
+    from rlkit.contract import DEFAULT_NAME, NAMES
     from rlkit.data.tasks import TASKS
     from rlkit.model.config import MODEL_PRESETS
 
@@ -141,7 +141,7 @@ def _add_run(sub) -> None:
                         "worked from labelled column pairs, ~157-token responses)")
     p.add_argument("--steps", type=bounded_positive_int, help="default 50")
     p.add_argument("--contract", choices=list(NAMES),
-                   help=f"the numerics contract (default {DEFAULT_NAME}; {V6_NAME} is selectable, not yet the default)")
+                   help=f"the numerics contract (default {DEFAULT_NAME}; older versions stay selectable)")
     p.add_argument("--path", choices=["strict", "native"], help="every op's kernel path (default strict)")
     p.add_argument("--ops", help="per-op overrides, e.g. attention=native")
     p.add_argument("--runner", choices=["local", "ray"], help="default local")

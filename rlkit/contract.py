@@ -36,9 +36,8 @@ Its attention bits differ from v3's; everything else is v3's. `qwen3-dense-stric
 `gemm.chunk_merge`: a row-parallel GEMM's four chunk sums are added in chunk order instead of the pairwise
 tree, so a GPU program that sums every chunk of a tile holds two accumulators instead of three (on the
 H200 its o/down projections ran 10-20 % faster than v4's at M >= 1024); a TP rank then contributes its
-chunk sums unmerged. Its row-parallel GEMM bits differ from v4's; everything else is v4's; it is the
-default (`DEFAULT_NAME`). `qwen3-dense-strict-v6` (selectable, not yet the default: its GPU kernels have
-run under the Triton interpreter only, not yet on the H200, lab/LOG.md 2026-12-04 session 22) sets `gemm.chunk_merge = "chained"`: a row-parallel chunk's sum
+chunk sums unmerged. Its row-parallel GEMM bits differ from v4's; everything else is v4's.
+`qwen3-dense-strict-v6` (the default, `DEFAULT_NAME`) sets `gemm.chunk_merge = "chained"`: a row-parallel chunk's sum
 starts from the running fp32 sum of the chunks before it instead of from zero, so on the GPU the layer is
 one chain over K, the column layers' arithmetic (any tile, cuBLAS without split-K), and no kernel holds a
 second accumulator; under tensor parallelism the ranks pass that running sum on in rank order (rank r
@@ -279,8 +278,8 @@ VERSIONS = (1, 2, 3, 4, 5, 6)
 NAMES = {V6_NAME: 6, V5_NAME: 5, V4_NAME: 4, V3_NAME: 3, V2_NAME: 2, V1_NAME: 1}
 """Every released contract, newest first, with its version."""
 DEFAULT_NAME = V6_NAME
-"""What `NumericsContract.default()` and a run's configuration use. v6 becomes the default once the H200
-has run its bitwise test set and measured it faster (issue 16); until then v5."""
+"""What `NumericsContract.default()` and a run's configuration use: the fastest version that passes every
+invariance test on the CPU and the H200 (v6 since 2026-12-05, lab/LOG.md; v5 before)."""
 
 V1_FIXED: dict[str, dict[str, str]] = {
     "gemm": {"combine": "pairwise_tree", "accumulate": "float32", "output_rounding": "once"},
@@ -351,7 +350,7 @@ class NumericsContract:
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def default(cls) -> "NumericsContract":
-        """DEFAULT_NAME (`qwen3-dense-strict-v5`) with every op on the strict path."""
+        """DEFAULT_NAME (`qwen3-dense-strict-v6`) with every op on the strict path."""
         return cls.named(DEFAULT_NAME)
 
     @classmethod
