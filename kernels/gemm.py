@@ -465,15 +465,17 @@ def triton_launch(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract, 
     return _launch(x, w, 1 if chained(contract, row_parallel) else c, contract, out_dtype, config)
 
 
-def _gluon_k_step(cfg: dict, k_tile: int) -> int:
-    """The Gluon kernel's load step: the contract's K step, or (cfg "BK") a divisor or a multiple of it that
-    is a whole number of k16 MMAs. Any of them issues the same k16 warpgroup MMAs in the same K order on one
+def _k_step(cfg: dict, k_tile: int) -> int:
+    """A kernel's load step: the contract's K step, or (cfg "BK") a divisor or a multiple of it that is a whole
+    number of k16 MMAs. Any of them issues the same k16 tensor-core MMAs in the same K order on one
     accumulator, so the chain is the same (the contract's K step is where the Triton kernels' `tl.dot`
     calls meet, not a rounding); a smaller step lets more of them sit in the shared-memory ring, a larger
-    one waits and loads half as often. A chunk must be a whole number of load steps (`supported`)."""
+    one keeps more bytes in flight a program and loads half as often. Taken by the Gluon kernel (a chunk
+    must be a whole number of load steps: `supported`) and the swapped kernel (where the chunk is not a
+    whole number of them, the contract's step)."""
     step = cfg.get("BK", k_tile)
     if step % 16 or (k_tile % step and step % k_tile):
-        raise ValueError(f"gemm plan BK={step}: the Gluon kernel's K step must be a multiple of 16 dividing or "
+        raise ValueError(f"gemm plan BK={step}: a kernel's K step must be a multiple of 16 dividing or "
                          f"divided by the contract's K step ({k_tile})")
     return step
 
@@ -500,7 +502,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract
     fold = contract.gemm.chunk_merge == "sequential"
     even_k = kc % bk == 0
     opts = _tr.launch_options(contract)
-    gluon_bk = _gluon_k_step(cfg, bk) if cfg["kind"] == "gluon" else bk
+    gluon_bk = _k_step(cfg, bk) if cfg["kind"] == "gluon" else bk
     if cfg["kind"] == "gluon" and not (fold and c > 1 and _gluon.supported(x2, w, y, c, kc, gluon_bk, cfg["BM"])):
         cfg = plan(m, n, x.device, None, chunks=c, k_chunk=kc, bk=bk, dtype=x.dtype, merge=merge_rule, gluon=False)
     if cfg["kind"] == "tma" and not (_tma_ok(x2) and _tma_ok(w)):
@@ -509,10 +511,13 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract
         grid = (_tr.cdiv(n, cfg["BN"]), c, _tr.cdiv(m, cfg["BT"]))
         ws = torch.empty(c * m * n if c > 1 else 1, dtype=torch.float32, device=x.device)
         cnt = _counters(x.device, grid[0] * grid[2])
+        step = _k_step(cfg, bk)
+        step = step if kc % step == 0 else bk
         compiled = _gemm_swapped_kernel[grid](x2, w, y, ws, cnt, m, n, kc, x2.stride(0), w.stride(0), y.stride(0),
-                                              C=c, BN=cfg["BN"], BT=cfg["BT"], BK=bk, EVEN_K=even_k, IEEE=ieee, FOLD=fold,
-                                              num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
-        launches.append(_tr.Launch("swapped", dict(cfg, grid=grid, C=c, BK=bk), compiled))
+                                              C=c, BN=cfg["BN"], BT=cfg["BT"], BK=step, EVEN_K=kc % step == 0,
+                                              IEEE=ieee, FOLD=fold, num_warps=cfg["num_warps"],
+                                              num_stages=cfg["num_stages"], **opts)
+        launches.append(_tr.Launch("swapped", dict(cfg, grid=grid, C=c, BK=step), compiled))
     elif cfg["kind"] == "gluon":
         compiled, grid = _gluon.launch(x2, w, y, c, kc, gluon_bk, cfg, _tr.sm_count(x.device), opts)
         launches.append(_tr.Launch("gluon", dict(cfg, grid=grid, C=c, BK=gluon_bk), compiled))

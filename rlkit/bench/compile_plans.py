@@ -173,7 +173,7 @@ def _gemm_gluon(cfg: dict, s: GemmShape, contract: NumericsContract):
     picks it elsewhere, so the kernel is not in KERNEL_MODULES' every-target coverage rule)."""
     from rlkit.kernels import gemm_gluon
 
-    bm, bn, bk = cfg["BM"], cfg["BN"], gemm._gluon_k_step(cfg, contract.gemm.k_tile)
+    bm, bn, bk = cfg["BM"], cfg["BN"], gemm._k_step(cfg, contract.gemm.k_tile)
     descs = gemm_gluon.tile_descriptors(*((_t(dtype), [rows, cols], [cols, 1]) for dtype, rows, cols in (
         (s.x_dtype, s.m, s.k), (s.x_dtype, s.n, s.k), (s.out_dtype, s.m, s.n))), bm, bn, bk)
     kernel, args, kw = gemm_gluon.kernel_call(cfg, descs, s.m, s.n, 132 * cfg.get("programs_per_sm", 1), s.chunks,

@@ -75,6 +75,8 @@ CONFIGS = [
     dict(kind="swapped", BN=64, BT=16, num_warps=4, num_stages=5),
     dict(kind="swapped", BN=64, BT=64, num_warps=4, num_stages=4),
     dict(kind="swapped", BN=128, BT=32, num_warps=4, num_stages=4),
+    dict(kind="swapped", BN=16, BT=16, BK=256, num_warps=2, num_stages=3),  # narrow weight tiles, long K steps
+    dict(kind="swapped", BN=32, BT=64, BK=128, num_warps=4, num_stages=3),
     dict(kind="tiles", BM=128, BN=128, GROUP_M=8, split=False, num_warps=8, num_stages=4),
     dict(kind="tiles", BM=128, BN=128, GROUP_M=8, split=True, num_warps=8, num_stages=4),
     dict(kind="tiles", BM=64, BN=128, GROUP_M=8, split=False, num_warps=4, num_stages=4),

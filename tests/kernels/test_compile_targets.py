@@ -219,12 +219,12 @@ def test_gluon_total_in_shared_memory_fits_one_h200_program_without_spills(name)
 
 
 @pytest.mark.parametrize("bk", [24, 48, 96, 160])
-def test_gluon_k_step_must_be_whole_k16_mmas_dividing_or_divided_by_the_contract_step(bk):
+def test_k_step_must_be_whole_k16_mmas_dividing_or_divided_by_the_contract_step(bk):
     """A plan's "BK" must be whole k16 MMAs and divide, or be a multiple of, the contract's K step (the
     same k16 MMAs in the same order either way); anything else is refused by name."""
     with pytest.raises(ValueError, match=f"BK={bk}"):
-        gemm._gluon_k_step(dict(BK=bk), 64)
-    assert [gemm._gluon_k_step(cfg, 64) for cfg in ({}, dict(BK=32), dict(BK=128))] == [64, 32, 128]
+        gemm._k_step(dict(BK=bk), 64)
+    assert [gemm._k_step(cfg, 64) for cfg in ({}, dict(BK=32), dict(BK=128))] == [64, 32, 128]
 
 
 @pytest.mark.skipif(not gemm._gluon.AVAILABLE, reason="this Triton has no Gluon Hopper API")

@@ -43,6 +43,8 @@ def exact(*shape, seed: int) -> torch.Tensor:
 GEMM_CONFIGS = [  # small tiles so the interpreter stays quick; every one must give the same result
     dict(kind="swapped", BN=64, BT=16, num_warps=4, num_stages=2),
     dict(kind="swapped", BN=64, BT=32, num_warps=4, num_stages=2),
+    dict(kind="swapped", BN=16, BT=16, BK=128, num_warps=2, num_stages=2),  # 128 where a chunk is whole steps
+    dict(kind="swapped", BN=32, BT=16, BK=32, num_warps=2, num_stages=2),
     dict(kind="tiles", BM=64, BN=64, GROUP_M=2, split=True, num_warps=4, num_stages=2),
     dict(kind="tiles", BM=64, BN=64, GROUP_M=2, split=False, num_warps=4, num_stages=2),
     dict(kind="tiles", BM=32, BN=64, GROUP_M=1, split=False, num_warps=4, num_stages=2),
@@ -58,7 +60,7 @@ def test_gemm_matches_reference_and_configs_agree(m, k, n):
     ref = gemm.partial(x, w, C)
     for cfg in GEMM_CONFIGS:
         assert_bitwise_equal(gemm.triton_partial(x, w, C, 1, torch.float32, config=cfg), ref, f"{cfg} vs reference")
-    assert_bitwise_equal(gemm.triton_partial(x, w, C, 1, torch.float32, config=GEMM_CONFIGS[2]), ref,
+    assert_bitwise_equal(gemm.triton_partial(x, w, C, 1, torch.float32, config=GEMM_CONFIGS[4]), ref,
                          "split combine, second launch (counters reset)")
     xr, wr = torch.randn(m, k, generator=g(1)), torch.randn(n, k, generator=g(2))  # real-valued: close
     for cfg in GEMM_CONFIGS:
@@ -71,7 +73,7 @@ def test_gemm_other_chunk_counts(chunks):
     c = C.replace(gemm=GemmSpec(k_chunks=chunks, chunk_merge="sequential"))
     x, w = exact(9, 512, seed=3), exact(64, 512, seed=4)
     ref = gemm.partial(x, w, c)
-    for cfg in (GEMM_CONFIGS[0], GEMM_CONFIGS[2], GEMM_CONFIGS[3], GEMM_CONFIGS[4]):
+    for cfg in (GEMM_CONFIGS[0], GEMM_CONFIGS[2], GEMM_CONFIGS[4], GEMM_CONFIGS[5], GEMM_CONFIGS[6]):
         assert_bitwise_equal(gemm.triton_partial(x, w, c, 1, torch.float32, config=cfg), ref,
                              f"{chunks} chunks, {cfg} vs reference")
 
