@@ -172,6 +172,35 @@ def test_gemm_cells_show_the_other_contract_where_its_rows_exist():
     assert "| 256 | 0.62 |" in plain and "timed beside" not in plain
 
 
+def test_gemm_cells_show_the_narrow_launch_where_it_was_timed():
+    """The narrow-tile launch (strict_narrow, timed at M <= 64 where its bits equal the plan's) joins its
+    cells with its own note; a cell where it was not timed keeps its plain ratio."""
+    small, large = "qwen3-1.7b.down M=1 K=6144 N=2048", "qwen3-1.7b.down M=256 K=6144 N=2048"
+    rows = [_row("gemm", "strict", "contract", "name:qwen3-dense-strict-v6", 1.0),
+            _row("gemm", "strict", small, "ratio_vs_native", 0.86), _row("gemm", "strict_narrow", small, "ratio_vs_native", 1.04),
+            _row("gemm", "strict_narrow", small, "same_bits_as_triton", 1.0),
+            _row("gemm", "strict", large, "ratio_vs_native", 1.03)]
+    text = render(rows)
+    assert "| 1 | 0.86 · narrow 1.04 |" in text and "| 256 | 1.03 |" in text
+    assert "on narrow weight tiles (rlkit.bench.gemm_candidates.NARROW_ONE_CHAIN" in text
+    assert "qwen3-dense-strict-narrow" not in text
+
+
+def test_narrow_launches_cover_the_few_row_products_only():
+    """M <= 16 takes 16-row weight tiles over 16 tokens, 16 < M <= 64 32-row tiles over 64, larger M none;
+    each K step a whole number of k16 MMAs dividing or multiple of the contract's (gemm._k_step accepts it)."""
+    from rlkit import NumericsContract
+    from rlkit.bench.kernels import narrow_launch
+    from rlkit.kernels import gemm
+
+    assert narrow_launch(1)["BN"] == narrow_launch(16)["BN"] == 16 and narrow_launch(16)["BT"] == 16
+    assert narrow_launch(17)["BN"] == narrow_launch(64)["BN"] == 32 and narrow_launch(64)["BT"] == 64
+    assert narrow_launch(65) is None and narrow_launch(4096) is None
+    k_tile = NumericsContract.default().gemm.k_tile
+    for m in (1, 64):
+        assert gemm._k_step(narrow_launch(m), k_tile) == narrow_launch(m)["BK"]
+
+
 def test_an_interleaved_logprob_ratio_shows_the_times_of_its_own_rounds():
     """The logprob's launch-bound cells get a second ratio, strict and torch timed in turn in one process:
     its line shows those two times, not the child process's native time the plain ratio used."""

@@ -125,9 +125,13 @@ def _gemm_common(s: GemmShape, contract: NumericsContract) -> dict:
 
 def _gemm_swapped(cfg: dict, s: GemmShape, contract: NumericsContract):
     c = _gemm_common(s, contract)
+    kc = s.k // s.chunks
+    step = gemm._k_step(cfg, c["BK"])  # as gemm._launch: the plan's K step where the chunk is whole steps of it
+    if kc % step:
+        step = c["BK"]
     args = (_t(s.x_dtype), _t(s.x_dtype), _t(s.out_dtype), _t(torch.float32), _t(torch.int32),
-            s.m, s.n, s.k // s.chunks, s.k, s.k, s.n)
-    kw = dict(C=c["C"], BN=cfg["BN"], BT=cfg["BT"], BK=c["BK"], EVEN_K=c["EVEN_K"], IEEE=c["IEEE"],
+            s.m, s.n, kc, s.k, s.k, s.n)
+    kw = dict(C=c["C"], BN=cfg["BN"], BT=cfg["BT"], BK=step, EVEN_K=kc % step == 0, IEEE=c["IEEE"],
               FOLD=c["FOLD"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_tr.launch_options(contract))
     return [("swapped", gemm._gemm_swapped_kernel, args, kw)]
 
@@ -271,22 +275,24 @@ def _gemm(col: _Collector, cfg: Qwen3Config, contract: NumericsContract, dtype: 
 
 
 def _gemm_overrides(col: _Collector, cfg: Qwen3Config, contract: NumericsContract, dtype: torch.dtype) -> None:
-    """The benchmark overrides (TUNE_CONFIGS) that reach a GEMM kernel variant gemm.plan never chose
-    (another kernel, or tiles without the split), at the q_proj shape and 4096 tokens: one each."""
-    from rlkit.bench.gemm_candidates import TUNE_CONFIGS
+    """The benchmark overrides (TUNE_CONFIGS, NARROW_ONE_CHAIN) that reach a GEMM kernel variant gemm.plan
+    never chose (another kernel, tiles without the split, another K step), at the q_proj shape: one each,
+    at 4096 tokens in the contract's K chunks (the narrow launches one chain at their own largest M)."""
+    from rlkit.bench.gemm_candidates import NARROW_ONE_CHAIN, TUNE_CONFIGS
 
     def variants(requests):
-        return {(fn.__name__, kw.get("SPLIT")) for _, fn, _, kw in requests}
+        return {(fn.__name__, kw.get("SPLIT"), kw.get("BK")) for _, fn, _, kw in requests}
 
-    seen = {(c.kernel, c.kwargs.get("SPLIT")) for c in col.calls.values() if c.op == "gemm"}
-    shape = GemmShape(4096, cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, contract.gemm.k_chunks,
-                      dtype, dtype)
-    for over in (c for configs in TUNE_CONFIGS.values() for c in configs):
+    seen = {(c.kernel, c.kwargs.get("SPLIT"), c.kwargs.get("BK")) for c in col.calls.values() if c.op == "gemm"}
+    overrides = ([(4096, contract.gemm.k_chunks, c) for configs in TUNE_CONFIGS.values() for c in configs]
+                 + [(m, 1, c) for m, c in NARROW_ONE_CHAIN])  # the narrow launches: one chain, as timed
+    for m, chunks, over in overrides:
+        shape = GemmShape(m, cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, chunks, dtype, dtype)
         requests = _gemm_requests(_plan(shape, contract, over), shape, contract)
         if variants(requests) <= seen:
             continue
         seen |= variants(requests)
-        col.add("gemm", requests, f"{cfg.name} q_proj M={shape.m} (override: rlkit.bench.gemm_candidates.TUNE_CONFIGS)",
+        col.add("gemm", requests, f"{cfg.name} q_proj M={shape.m} (override: rlkit.bench.gemm_candidates)",
                 chosen=False)
 
 

@@ -50,3 +50,17 @@ TUNE_CONFIGS = {  # candidates timed beside the default plan (gemm.plan); each m
         dict(kind="tma", BM=64, BN=128, GROUP_M=8, split=True, num_warps=4, num_stages=4),
         dict(kind="tma", BM=64, BN=64, GROUP_M=8, split=True, num_warps=4, num_stages=5)],
 }
+
+NARROW_ONE_CHAIN = (  # (largest M, launch): narrow weight tiles, timed beside the plan as `strict_narrow`
+    (16, dict(kind="swapped", BN=16, BT=16, BK=256, num_warps=4, num_stages=5)),
+    (64, dict(kind="swapped", BN=32, BT=64, BK=128, num_warps=4, num_stages=5)),
+)
+"""One chain over K cannot split K, so a product with few output tiles leaves SMs idle: at M <= 16 the
+plan's 64- or 128-row weight tiles give N / 64 programs or fewer (1.7b down: 32 for 132 SMs), and cuBLAS
+without a workspace, which the strict route runs, is slower there than at its split-K defaults (H100,
+lab/LOG.md 2026-12-05 session 23: 1.7b down M = 1 / 8 0.86 / 0.80, 0.6b down M = 1 0.87, 8b o M = 64
+0.78). Weight tiles of 16 / 32 rows give four / two times the programs, a K step of 256 / 128 more bytes
+in flight each (`gemm._k_step`: the same k16 MMAs in K order). Compiled for sm_90 on the CPU: 40 / 72
+registers, no spills, 64 / 96 KB of shared memory; they issue mma.sync where the plan's 64- and 128-row
+tiles issue wgmma. The benchmark checks each against the plan bit for bit before timing it; whether a
+plan rule takes them waits for those rows on the H200."""

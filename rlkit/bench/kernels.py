@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rlkit.bench.gemm_candidates import TUNE_CONFIGS
+from rlkit.bench.gemm_candidates import NARROW_ONE_CHAIN, TUNE_CONFIGS
 from rlkit.bench.provenance import commit
 
 GEMM_M = (1, 8, 64, 256, 1024, 4096, 8192)
@@ -114,8 +114,14 @@ def batch_invariant_ops_matmul():
 
 BESIDE = ("qwen3-dense-strict-v6", "qwen3-dense-strict-v5")
 """Contracts whose GEMM is timed beside the default's (the default itself is left out)."""
-BESIDE_IMPLS = {"strict_v6": "v6", "strict_v5": "v5"}
-"""Their rows' impl -> the label their cells get in BENCHMARKS.md."""
+BESIDE_IMPLS = {"strict_v6": "v6", "strict_v5": "v5", "strict_narrow": "narrow"}
+"""Their rows' impl -> the label their cells get in BENCHMARKS.md (strict_narrow: the default contract's
+one chain on NARROW_ONE_CHAIN's launch instead of the plan's)."""
+
+
+def narrow_launch(m: int) -> dict | None:
+    """NARROW_ONE_CHAIN's launch for M rows, None above its largest M."""
+    return next((cfg for top, cfg in NARROW_ONE_CHAIN if m <= top), None)
 
 
 def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False, layers=None,
@@ -169,6 +175,16 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
                 }
                 impls.update({impl: (lambda o=other: gemm.strict(x, w, o, torch.bfloat16, row_parallel=row_par))
                               for impl, other in beside.items()})
+                narrow = narrow_launch(m) if one_chain else None
+                if narrow is not None:  # timed only with the plan's bits
+                    same = torch.equal(gemm.triton_partial(x, w, c, 1, torch.bfloat16, config=narrow,
+                                                           row_parallel=row_par), y)
+                    rec.add("gemm", "strict_narrow", shape, "same_bits_as_triton", float(same))
+                    if same:
+                        impls["strict_narrow"] = lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, config=narrow,
+                                                                             row_parallel=row_par)
+                    else:
+                        print(f"  {shape} strict_narrow {narrow}: other bits than the plan (not timed)", flush=True)
                 if tm is not None:
                     impls["batch_invariant_ops"] = lambda: tm(x, w)
                 times = {impl: _graph_ms(fn) for impl, fn in impls.items()}
@@ -555,6 +571,14 @@ def _gemm_contract(rows: list[dict]) -> str:
     return named[-1] if named else "qwen3-dense-strict-v5"
 
 
+def _beside_note(impl: str) -> str:
+    """What a cell's extra ratio (BESIDE_IMPLS) timed."""
+    if impl == "strict_narrow":
+        return ("the same product on narrow weight tiles (rlkit.bench.gemm_candidates.NARROW_ONE_CHAIN; its bits "
+                "checked equal to the plan's first), timed beside.")
+    return f"the same cell under qwen3-dense-strict-{BESIDE_IMPLS[impl]}, timed beside."
+
+
 def _render_gemm(rows: list[dict]) -> list[str]:
     """One table per model: strict / cuBLAS speed ratio, strict / batch_invariant_ops where timed, and the
     other contract's GEMM (strict_v5 or strict_v6, whichever the default was not) where timed."""
@@ -578,8 +602,7 @@ def _render_gemm(rows: list[dict]) -> list[str]:
                 + f". Contract {contract}. {ROW_PARALLEL_NOTES.get(contract, '')} (on cuBLAS without split-K where "
                 "the route admits the shape: the Triton kernel's bits, checked; kernels/gemm_cublas.py). cuBLAS is "
                 "timed at torch's defaults."
-                + "".join(f" \"{BESIDE_IMPLS[b]}\": the same cell under qwen3-dense-strict-{BESIDE_IMPLS[b]}, timed beside."
-                          for b in beside), "",
+                + "".join(f" \"{BESIDE_IMPLS[b]}\": {_beside_note(b)}" for b in beside), "",
                 "| M | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         for m in ms:
             line = []
