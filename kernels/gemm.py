@@ -28,10 +28,14 @@ chunk counts run the reference, which defines the contract. `triton_launch` retu
 (plan and compiled kernel) to the caller that asks, the benchmarks. A one-chain product (chunk count 1:
 the column layers from v3) runs on cuBLAS instead where kernels/gemm_cublas.py admits it: cuBLAS without
 split-K gives the Triton kernel's bits there, checked per shape at first use (a launch choice, like the
-plan).
+plan). Where the GPU model's table (kernels/gemm_tuned.py) measured another Triton launch faster for a
+product of few rows, that launch runs first, its bits likewise compared with the plan's at first use.
 """
 
 from __future__ import annotations
+
+import functools
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -241,6 +245,7 @@ def native(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = Non
 from rlkit.kernels import _triton as _tr  # noqa: E402
 from rlkit.kernels import gemm_cublas as _cublas  # noqa: E402
 from rlkit.kernels import gemm_gluon as _gluon  # noqa: E402
+from rlkit.kernels import gemm_tuned as _tuned  # noqa: E402
 from rlkit.kernels.gemm_kernels import (TREE_CHUNKS, _gemm_continue_kernel, _gemm_swapped_kernel,  # noqa: E402
                                         _gemm_tiles_kernel, _gemm_tma_flat_kernel, _gemm_tma_kernel)
 
@@ -609,13 +614,73 @@ def _forward(x, w, contract, out_dtype, row_parallel):
 
 
 def _one_chain(x, w, contract, out):
-    """One chain over K on the GPU: cuBLAS where its route admits the shape (the Triton kernel's bits,
-    checked at first use), else the Triton kernel."""
+    """One chain over K on the GPU: the launch this GPU model's table measured fastest for the shape
+    (kernels/gemm_tuned.py), else cuBLAS where its route admits the shape, else the Triton kernel's plan;
+    the first two checked against the plan's bits at their first use."""
     check_inputs(x, w)
     x2 = x.reshape(-1, x.shape[-1])
+    measured = _measured_launch(x2, w, contract, out)
+    if measured is not None:
+        return _launch(x, w, 1, contract, out, measured)[0]
     if _cublas.admitted(x2, w, out, contract, lambda a, b: _launch(a, b, 1, contract, out, None)[0]):
         return _cublas.linear(x2, w, out).reshape(*x.shape[:-1], w.shape[0])
     return _launch(x, w, 1, contract, out, None)[0]
+
+
+_MEASURED_CHECKED: dict[tuple, bool] = {}
+"""(device, table entry, out dtype, GEMM contract) -> whether the entry's launch gave the plan's bits."""
+
+
+def _measured_launch(x2: torch.Tensor, w: torch.Tensor, contract: NumericsContract, out: torch.dtype) -> dict | None:
+    """The launch of the table entry (kernels/gemm_tuned.py) covering this one-chain product on this GPU
+    model, once its bits have been compared with the plan's launch on seeded inputs at the first and last
+    row count it covers (at the first use outside CUDA graph capture; until then, and where they differ,
+    None: the plan's launch or the cuBLAS route, the same bits)."""
+    if x2.shape[0] > _tuned.ROW_RANGES[-1][1]:
+        return None
+    name = _device_name(x2.device)
+    entry = _tuned.entry(name, x2.shape[0], w.shape[1], w.shape[0], x2.dtype) if name else None
+    if entry is None:
+        return None
+    key = (str(x2.device), entry, out, contract.gemm)
+    verdict = _MEASURED_CHECKED.get(key)
+    if verdict is None:
+        if x2.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        x = _check_input(entry.rows[1], w.shape[1], x2.dtype, x2.device)
+        verdict = _MEASURED_CHECKED[key] = _measured_matches_plan(entry, name, x, w, contract, out)
+    return entry.config() if verdict else None
+
+
+def _check_input(rows: int, k: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Seeded normal rows for a launch's first-use comparison (any other order of the chain shows in them)."""
+    g = torch.Generator(device=device).manual_seed(107)
+    return torch.randn(rows, k, generator=g, device=device).to(dtype)
+
+
+def _measured_matches_plan(entry, device: str, x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,
+                           out: torch.dtype) -> bool:
+    """Whether the entry's launch gives the plan's launch's bits at the first and last row count it covers
+    (a launch this Triton or contract cannot make counts as differing); warns naming the entry if not."""
+    rows = sorted(set(entry.rows))
+    try:
+        problem = _cublas.first_difference(lambda a, b: _launch(a, b, 1, contract, out, entry.config())[0],
+                                           lambda a, b: _launch(a, b, 1, contract, out, None)[0], x, w, rows)
+    except Exception as e:  # noqa: BLE001 - a launch this Triton or contract cannot make: refused, not fatal
+        problem = f"{type(e).__name__}: {str(e)[:200]}"
+    if problem is not None:
+        warnings.warn(f"rlkit: the measured launch {entry.config()} for K={entry.k} N={entry.n} rows "
+                      f"{entry.rows[0]}-{entry.rows[1]} on {device} is refused ({problem}); the plan runs it",
+                      stacklevel=4)
+    return problem is None
+
+
+@functools.cache
+def _device_name(device: torch.device) -> str:
+    """The GPU model a table is looked up by ("" for CPU tensors: no table)."""
+    if device.type != "cuda":
+        return ""
+    return torch.cuda.get_device_name(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def strict(x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,

@@ -9,8 +9,10 @@ defaults; this probe chooses plans.
 
     RLKIT_COMMIT=<sha> python3 lab/chained_gemm_h200.py --out $W/chained [--m 1,8,64,256,1024,4096,8192]
 
-Writes OUT/chained_gemm.jsonl (long format: op "gemm_chained", impl, shape, metric, median, device, commit)
-and prints a table of microseconds.
+Writes OUT/chained_gemm.jsonl (long format: op "gemm_chained", impl, shape, metric, median, device, commit;
+each variant's launch as a "launch:<json>" row, the cuBLAS route's verdict as "on_cublas"), prints a table
+of microseconds, and writes the GPU model's launch table those rows justify to OUT/tuned/<device>.json
+(rlkit.bench.gemm_tables; kernels/gemm_tuned.py reads it once it is copied to kernels/tuned/).
 """
 
 from __future__ import annotations
@@ -41,17 +43,21 @@ def main() -> None:
     from triton.testing import do_bench_cudagraph
 
     from rlkit import NumericsContract
+    from rlkit.bench import gemm_tables
     from rlkit.bitwise import compare
-    from rlkit.kernels import gemm
+    from rlkit.kernels import gemm, gemm_cublas
 
     v6, v5 = NumericsContract.named("qwen3-dense-strict-v6"), NumericsContract.named("qwen3-dense-strict-v5")
     device, commit = torch.cuda.get_device_name(), os.environ.get("RLKIT_COMMIT", "unknown")
     args.out.mkdir(parents=True, exist_ok=True)
     sink = open(args.out / "chained_gemm.jsonl", "w")  # row by row: a run cut short keeps what it measured
 
+    written = []
+
     def put(impl, shape, metric, value):
-        sink.write(json.dumps(dict(op="gemm_chained", impl=impl, shape=shape, metric=metric, median=value,
-                                   device=device, commit=commit)) + "\n")
+        written.append(dict(op="gemm_chained", impl=impl, shape=shape, metric=metric, median=value,
+                            device=device, commit=commit))
+        sink.write(json.dumps(written[-1]) + "\n")
         sink.flush()
 
     g = torch.Generator(device="cuda")
@@ -62,6 +68,9 @@ def main() -> None:
                 x = torch.randn(m, k, generator=g.manual_seed(1), device="cuda").bfloat16()
                 shape = f"{model}.{layer} M={m} K={k} N={n}"
                 ref = gemm.triton_partial(x, w, v6, 1, torch.bfloat16, row_parallel=True)
+                gemm.strict(x, w, v6, row_parallel=True)  # eager: the route's check of this shape
+                route = gemm_cublas.status(x.device)
+                put("v6 strict", shape, "on_cublas", float(route is not None and route.on_cublas(k, n)))
                 cands = {"v6 strict": lambda: gemm.strict(x, w, v6, row_parallel=True),
                          "triton plan": lambda: gemm.triton_partial(x, w, v6, 1, torch.bfloat16, row_parallel=True),
                          "cublas in-process": lambda: F.linear(x, w),
@@ -73,6 +82,7 @@ def main() -> None:
                             continue
                         cands[name] = (lambda c: lambda: gemm.triton_partial(x, w, v6, 1, torch.bfloat16, config=c,
                                                                              row_parallel=True))(cfg)
+                        put(name, shape, "launch:" + json.dumps(cfg, sort_keys=True), 1.0)
                 times = {}
                 for name, fn in cands.items():
                     if name not in ("cublas in-process", "v5 strict"):
@@ -94,6 +104,13 @@ def main() -> None:
                       f"plan {times['triton plan']:7.1f}  best-triton {best[0]:7.1f} ({best[1]})  v5 {times['v5 strict']:7.1f}",
                       flush=True)
     sink.close()
+    arch = "sm_%d%d" % torch.cuda.get_device_capability()
+    try:
+        table = gemm_tables.build(written, arch)
+    except ValueError as e:
+        print(f"no launch table: {e}")
+        return
+    gemm_tables.write(table, args.out / "tuned")
 
 
 if __name__ == "__main__":

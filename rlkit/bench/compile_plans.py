@@ -439,7 +439,25 @@ def kernel_calls(traits: _tr.GpuTraits, presets=None, ops=None, contracts=CONTRA
                 _backward_rowwise(col, cfg, dtype)
             first = MODEL_PRESETS[presets[0] if presets else "qwen3-8b"]()
             _gemm_overrides(col, first, contract, first.torch_dtype)
+            _gemm_measured(col, traits, contract)
     return list(col.calls.values())
+
+
+def _gemm_measured(col: _Collector, traits: _tr.GpuTraits, contract: NumericsContract) -> None:
+    """The launches the measured tables of GPU models of this arch hold (kernels/gemm_tuned.py), at each
+    entry's largest M, one chain: `gemm._one_chain` may take any of them on such a GPU."""
+    from rlkit.kernels import gemm_tuned
+
+    if gemm.chunk_count(contract, row_parallel=False) != 1:
+        return  # the tables serve one-chain products, which this contract's layers are not
+    for table in gemm_tuned.tables():
+        if table.arch != traits.arch:
+            continue
+        for e in table.entries:
+            dtype = getattr(torch, e.dtype)
+            shape = GemmShape(e.rows[1], e.n, e.k, 1, dtype, dtype)
+            col.add("gemm", _gemm_requests(_plan(shape, contract, e.config()), shape, contract),
+                    f"{table.device} K={e.k} N={e.n} M={e.rows[0]}-{e.rows[1]} (gemm_tuned: {table.path.name})")
 
 
 def launchable_kernels() -> dict[str, list[str]]:

@@ -139,6 +139,25 @@ def test_gemm_every_launch_configuration_gives_the_same_bits(m, row_parallel, co
         assert_bitwise_equal(y, base, f"{cfg} vs {CONFIGS[0]} ({contract.name}, row_parallel={row_parallel})")
 
 
+def test_every_measured_launch_gives_the_plans_bits():
+    """Every entry of every launch table made for this GPU's arch (kernels/tuned/, kernels/gemm_tuned.py):
+    its launch against the plan's at the first, a middle and the last row count of its range, seeded
+    normal inputs at its (K, N). The launcher compares them at first use too; here a wrong entry fails."""
+    from rlkit.kernels import gemm_tuned
+
+    arch = "sm_%d%d" % torch.cuda.get_device_capability()
+    entries = [(t, e) for t in gemm_tuned.tables() if t.arch == arch for e in t.entries]
+    if not entries:
+        pytest.skip(f"no launch table for {arch} in {gemm_tuned.TABLE_DIR}")
+    for table, e in entries:
+        dtype = getattr(torch, e.dtype)
+        w, x = randn(e.n, e.k, scale=0.02, seed=31, dtype=dtype), randn(e.rows[1], e.k, seed=32, dtype=dtype)
+        for m in sorted({e.rows[0], (e.rows[0] + e.rows[1]) // 2, e.rows[1]}):
+            y = gemm.triton_partial(x[:m], w, C, 1, dtype, config=e.config())
+            assert_bitwise_equal(y, gemm.triton_partial(x[:m], w, C, 1, dtype),
+                                 f"{table.path.name} K={e.k} N={e.n} M={m} {e.config()} vs the plan")
+
+
 @pytest.mark.parametrize("contract", [V6, V5], ids=["v6", "v5"])
 @pytest.mark.parametrize("row_parallel", [False, True])
 def test_gemm_signed_zero_sums_agree_across_configurations(row_parallel, contract):

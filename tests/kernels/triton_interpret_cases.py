@@ -196,6 +196,44 @@ def test_gemm_gluon_override_runs_the_triton_kernel_where_gluon_cannot():
         assert_bitwise_equal(y, base, f"Gluon override fell back ({contract.name}, {out})")
 
 
+def test_gemm_measured_launch_is_checked_then_taken(tmp_path, monkeypatch):
+    """A GPU model's table entry (kernels/gemm_tuned.py): at the first one-chain product it covers, its
+    launch is compared with the plan's at the first and last row count of its range, then taken (and the
+    verdict kept); an entry whose launch the contract cannot make (a 48-wide K step) is refused with a
+    warning naming it, and the plan runs. Exact inputs, so here the comparison tests the wiring; the GPU
+    test compares bits (tests/gpu/test_kernels_gpu.py::test_every_measured_launch_gives_the_plans_bits)."""
+    import json
+
+    from rlkit.kernels import gemm, gemm_tuned
+    k, n = 512, 96
+    narrow = dict(kind="swapped", BN=16, BT=16, BK=128, num_warps=2, num_stages=2)
+    table = {"device": "Test GPU", "arch": "sm_90", "entries": [
+        {"k": k, "n": n, "rows": [1, 4], "dtype": "float16", "launch": narrow},
+        {"k": k, "n": n, "rows": [5, 16], "dtype": "float16", "launch": dict(narrow, BK=48)}]}
+    (tmp_path / "Test_GPU.json").write_text(json.dumps(table))
+    monkeypatch.setattr(gemm_tuned, "TABLE_DIR", tmp_path)
+    monkeypatch.setattr(gemm, "_device_name", lambda device: "Test GPU")
+    monkeypatch.setattr(gemm, "_check_input", lambda rows, k, dtype, device: exact(rows, k, seed=17).to(dtype))
+    monkeypatch.setattr(gemm, "_MEASURED_CHECKED", {})
+    taken = []
+    launch = gemm._launch
+    monkeypatch.setattr(gemm, "_launch", lambda x, w, c, contract, out, config: taken.append(config) or launch(
+        x, w, c, contract, out, config))
+    x, w = exact(16, k, seed=18).half(), exact(n, k, seed=19).half()
+    y = gemm._one_chain(x[:3], w, V6, torch.float16)
+    assert taken == [narrow, None, narrow, None, narrow], taken  # M = 1 and 4 against the plan, then M = 3
+    assert_bitwise_equal(y, gemm.triton_partial(x[:3], w, V6, 1, torch.float16), "measured launch vs the plan")
+    taken.clear()
+    gemm._one_chain(x[:2], w, V6, torch.float16)
+    assert taken == [narrow], taken  # the verdict is kept
+    taken.clear()
+    with pytest.warns(UserWarning, match=r"measured launch .*'BK': 48.* rows 5-16 on Test GPU is refused"):
+        y = gemm._one_chain(x[:9], w, V6, torch.float16)
+    assert taken[-1] is None, taken  # the plan ran it
+    assert_bitwise_equal(y, gemm.triton_partial(x[:9], w, V6, 1, torch.float16), "refused entry: the plan")
+    assert gemm._one_chain(x, w, V6, torch.float16).shape == (16, n)
+
+
 # -- RMSNorm, SwiGLU, RoPE ----------------------------------------------------------------------------
 @pytest.mark.parametrize("weight_multiply", ["model_dtype", "float32"])
 @pytest.mark.parametrize("h", [128, 300])
