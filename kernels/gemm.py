@@ -619,7 +619,7 @@ def _one_chain(x, w, contract, out):
     the first two checked against the plan's bits at their first use."""
     check_inputs(x, w)
     x2 = x.reshape(-1, x.shape[-1])
-    measured = _measured_launch(x2, w, contract, out)
+    measured = measured_launch(x2, w, contract, out)
     if measured is not None:
         return _launch(x, w, 1, contract, out, measured)[0]
     if _cublas.admitted(x2, w, out, contract, lambda a, b: _launch(a, b, 1, contract, out, None)[0]):
@@ -631,7 +631,7 @@ _MEASURED_CHECKED: dict[tuple, bool] = {}
 """(device, table entry, out dtype, GEMM contract) -> whether the entry's launch gave the plan's bits."""
 
 
-def _measured_launch(x2: torch.Tensor, w: torch.Tensor, contract: NumericsContract, out: torch.dtype) -> dict | None:
+def measured_launch(x2: torch.Tensor, w: torch.Tensor, contract: NumericsContract, out: torch.dtype) -> dict | None:
     """The launch of the table entry (kernels/gemm_tuned.py) covering this one-chain product on this GPU
     model, once its bits have been compared with the plan's launch on seeded inputs at the first and last
     row count it covers (at the first use outside CUDA graph capture; until then, and where they differ,

@@ -165,7 +165,9 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
                 route = gemm_cublas.status(x.device)
                 one_chain = not row_par or gemm.chained(c, True)
                 on_cublas = one_chain and route is not None and route.on_cublas(k, n)
-                rec.add("gemm", "strict", shape, "on_cublas", float(on_cublas))
+                measured = one_chain and gemm.measured_launch(x, w, c, torch.bfloat16) is not None
+                rec.add("gemm", "strict", shape, "on_cublas", float(on_cublas and not measured))
+                rec.add("gemm", "strict", shape, "measured_launch", float(measured))  # kernels/gemm_tuned.py
                 rec.add("gemm", "strict", shape, "same_bits_as_triton", float(torch.equal(routed, y)))
                 impls = {
                     "native": lambda: F.linear(x, w),
