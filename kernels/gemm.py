@@ -675,6 +675,13 @@ def _measured_matches_plan(entry, device: str, x: torch.Tensor, w: torch.Tensor,
     return problem is None
 
 
+def measured_status() -> list[dict]:
+    """Every measured launch this process compared with the plan, and whether it runs: one dict each
+    (device, K, N, rows, launch, out dtype, taken)."""
+    return [dict(device=dev, K=e.k, N=e.n, rows=e.rows, launch=e.config(), out=str(out).removeprefix("torch."),
+                 taken=taken) for (dev, e, out, _), taken in _MEASURED_CHECKED.items()]
+
+
 @functools.cache
 def _device_name(device: torch.device) -> str:
     """The GPU model a table is looked up by ("" for CPU tensors: no table)."""

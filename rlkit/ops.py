@@ -24,9 +24,11 @@ not exercised here).
 
 Strict paths call `rlkit.kernels.<op>.strict(...)`: the Triton kernel when the tensors are on CUDA
 (and the contract's parameters are ones the kernel implements), the torch reference otherwise. One
-exception, which moves no bit: a one-chain GEMM (q/k/v, gate/up, the lm_head from contract v3) runs on
-cuBLAS where kernels/gemm_cublas.py admits it (an H200-class GPU, cuBLAS without a workspace in this
-process, the shape checked equal to the Triton kernel at first use); `gemm_route()` says what it decided.
+exception, which moves no bit: a one-chain GEMM (q/k/v, gate/up, the lm_head from contract v3; o/down
+too under v6) runs on cuBLAS where kernels/gemm_cublas.py admits it (an H200-class GPU, cuBLAS without a
+workspace in this process, the shape checked equal to the Triton kernel at first use); `gemm_route()` says
+what it decided. Before that, a product of few rows takes the launch its GPU model's table measured
+fastest (kernels/gemm_tuned.py), likewise checked at first use; `gemm_measured_launches()` lists them.
 Importing rlkit.kernels sets CUBLAS_WORKSPACE_CONFIG=:0:0 and CUBLASLT_WORKSPACE_SIZE=0 where unset (the
 native GEMMs of the process then run without split-K too); RLKIT_GEMM_CUBLAS=0 turns all of it off. Each
 `strict` also wraps the kernel in an autograd Function (strict forward, native backward) when a
@@ -59,7 +61,7 @@ from rlkit.types import AttentionLayout, SamplingParams
 __all__ = [
     "use_contract", "current_contract", "rms_norm", "linear", "swiglu", "rope", "attention",
     "logits", "logprob", "logprob_from_logits", "log_softmax", "process_logits", "all_reduce", "reduce_sum",
-    "AttentionLayout", "SamplingParams", "OpInputError", "native_backend", "gemm_route",
+    "AttentionLayout", "SamplingParams", "OpInputError", "native_backend", "gemm_route", "gemm_measured_launches",
 ]
 
 _ACTIVE: ContextVar[NumericsContract] = ContextVar("rlkit_numerics_contract",
@@ -224,6 +226,13 @@ def gemm_route(device: torch.device | str | None = None):
     on or off and why, and every one-chain shape it checked against the Triton kernel. None before the
     first strict column GEMM there. `print(ops.gemm_route().summary())` in a notebook."""
     return _gemm_cublas.status(device)
+
+
+def gemm_measured_launches() -> list[dict]:
+    """The measured GEMM launches (kernels/gemm_tuned.py: a GPU model's table of faster launches at a few
+    rows) this process compared with the plan's bits, and whether each runs: [{device, K, N, rows, launch,
+    out, taken}]. Empty where the GPU model has no table or no covered product ran yet."""
+    return _gemm.measured_status()
 
 
 def repeatable_backward():

@@ -232,6 +232,10 @@ def test_gemm_measured_launch_is_checked_then_taken(tmp_path, monkeypatch):
     assert taken[-1] is None, taken  # the plan ran it
     assert_bitwise_equal(y, gemm.triton_partial(x[:9], w, V6, 1, torch.float16), "refused entry: the plan")
     assert gemm._one_chain(x, w, V6, torch.float16).shape == (16, n)
+    from rlkit import ops
+    status = {s["rows"]: s for s in ops.gemm_measured_launches()}
+    assert status[(1, 4)]["taken"] and status[(1, 4)]["launch"] == narrow and status[(1, 4)]["K"] == k
+    assert not status[(5, 16)]["taken"] and status[(5, 16)]["out"] == "float16"
 
 
 # -- RMSNorm, SwiGLU, RoPE ----------------------------------------------------------------------------
