@@ -2,9 +2,10 @@
 
 For every product the probe timed at M <= 64, the fastest launch it timed that gave the plan's bits is
 compared with what rlkit's strict call runs without a table: cuBLAS where the route took the shape
-(`on_cublas`), else the plan's Triton launch. It enters the table where it is at least `margin` faster,
-for the plan's M range holding that M (gemm_tuned.ROW_RANGES; where the probe timed several M of one
-range, the largest, the range's costliest). Run on the CPU, from committed rows:
+(`on_cublas`), else the plan's Triton launch. It enters the table for the plan's M range holding that M
+(gemm_tuned.ROW_RANGES) where it takes at most `margin` of that time; where the probe timed several M of
+one range, the launch fastest at the largest of them, and only if it gains so at every one. Run on the
+CPU, from committed rows:
 
     python -m rlkit.bench.gemm_tables --rows lab/bench/<run>/chained_gemm.jsonl --arch sm_90 --out kernels/tuned
 """
@@ -54,7 +55,7 @@ def build(rows: list[dict], arch: str, margin: float = MARGIN) -> dict:
     if len(devices) != 1:
         raise ValueError(f"the rows must come from one GPU model; they name {sorted(devices) or 'none'}")
     commits = sorted({r.get("commit", "unknown") for r in rows if r.get("op") == "gemm_chained"})
-    decided: dict[tuple, tuple[int, dict | None]] = {}  # (K, N, M range) -> (the M that decided, entry)
+    ranges: dict[tuple, list] = {}  # (K, N, M range) -> [(M, {impl: us}, baseline us, {impl: launch})]
     for shape, c in _cells(rows).items():
         m = _SHAPE.match(shape)
         if m is None:
@@ -62,18 +63,20 @@ def build(rows: list[dict], arch: str, margin: float = MARGIN) -> dict:
         rows_m, k, n = int(m["m"]), int(m["k"]), int(m["n"])
         span = gemm_tuned.row_range(rows_m)
         timed = {impl: us for impl, us in c["us"].items() if impl in c["launch"] and c["same"].get(impl)}
-        if span is None or not timed or ((k, n, span) in decided and decided[(k, n, span)][0] > rows_m):
+        if span is None or not timed:
             continue
         base_impl = BASELINE_IMPLS[0] if c["on_cublas"] else BASELINE_IMPLS[1]
         if base_impl not in c["us"]:
             raise ValueError(f"{shape}: no {base_impl!r} time to compare its launches with")
-        best = min(timed, key=lambda impl: (timed[impl], impl))
-        entry = None
-        if timed[best] <= margin * c["us"][base_impl]:
-            entry = {"k": k, "n": n, "rows": list(span), "dtype": "bfloat16", "launch": c["launch"][best],
-                     "us": round(timed[best], 2), "route_us": round(c["us"][base_impl], 2)}
-        decided[(k, n, span)] = (rows_m, entry)
-    entries = [e for _, (_, e) in sorted(decided.items()) if e is not None]
+        ranges.setdefault((k, n, span), []).append((rows_m, timed, c["us"][base_impl], c["launch"]))
+    entries = []
+    for (k, n, span), cells in sorted(ranges.items()):
+        _, top_timed, top_base, launches = max(cells, key=lambda cell: cell[0])
+        best = min(top_timed, key=lambda impl: (top_timed[impl], impl))
+        # the launch fastest at the range's largest M timed, kept if it gains at every M timed in the range
+        if all(best in timed and timed[best] <= margin * base for _, timed, base, _ in cells):
+            entries.append({"k": k, "n": n, "rows": list(span), "dtype": "bfloat16", "launch": launches[best],
+                            "us": round(top_timed[best], 2), "route_us": round(top_base, 2)})
     return {"device": devices.pop(), "arch": arch, "measured": " ".join(commits), "entries": entries}
 
 

@@ -113,12 +113,19 @@ def test_the_builder_keeps_launches_clearly_faster_than_the_strict_call_with_the
     assert got[(3072, 1024, (17, 64))]["route_us"] == 9.0 and got[(3072, 1024, (17, 64))]["us"] == 6.0
 
 
-def test_the_largest_m_of_a_range_decides_it():
+def test_a_range_timed_at_several_m_takes_a_launch_only_if_it_gains_at_each():
     fast_at_1 = _probe_rows("qwen3-1.7b.down M=1 K=6144 N=2048", True, {"cublas in-process": 10.0, "nw16": 7.0})
     slow_at_4 = _probe_rows("qwen3-1.7b.down M=4 K=6144 N=2048", True, {"cublas in-process": 10.0, "nw16": 9.9})
+    fast_at_4 = _probe_rows("qwen3-1.7b.down M=4 K=6144 N=2048", True,
+                            {"cublas in-process": 10.0, "nw16": 7.5, "nw32": 7.0})
     assert gemm_tables.build(fast_at_1 + slow_at_4, "sm_90")["entries"] == []
     assert gemm_tables.build(slow_at_4 + fast_at_1, "sm_90")["entries"] == []
     assert len(gemm_tables.build(fast_at_1, "sm_90")["entries"]) == 1
+    # fastest at M = 4 is nw32, which M = 1 did not time: not taken on M = 4's word alone
+    assert gemm_tables.build(fast_at_1 + fast_at_4, "sm_90")["entries"] == []
+    both = fast_at_1 + _probe_rows("qwen3-1.7b.down M=4 K=6144 N=2048", True, {"cublas in-process": 10.0, "nw16": 7.5})
+    (entry,) = gemm_tables.build(both, "sm_90")["entries"]
+    assert entry["rows"] == [1, 4] and entry["us"] == 7.5 and entry["route_us"] == 10.0
 
 
 def test_the_builder_refuses_rows_of_two_gpus_or_without_a_baseline():
