@@ -469,12 +469,16 @@ def triton_logprob(hidden, weight, token_ids, contract, params=None, parallel: b
     once every kernel is queued (they read no id out of bounds; IdRangeCheck)."""
     _check(hidden, weight)
     ids_ok = check_ids(token_ids, hidden.shape[0], weight.shape[0], hidden.device, defer=True)
-    out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     step = max(contract.logprob.row_block, GPU_ROW_BLOCK)
-    for lo in range(0, hidden.shape[0], step):
-        block = gemm.strict(hidden[lo : lo + step], weight, contract, torch.float32)  # cuBLAS where admitted
-        out[lo : lo + step] = _triton_from_checked_logits(block, token_ids[lo : lo + step], contract, params,
-                                                          parallel)
+    if hidden.shape[0] <= step:  # one block (every decode step): its result is the output, no copy launched
+        out = _triton_from_checked_logits(gemm.strict(hidden, weight, contract, torch.float32), token_ids,
+                                          contract, params, parallel)
+    else:
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        for lo in range(0, hidden.shape[0], step):
+            block = gemm.strict(hidden[lo : lo + step], weight, contract, torch.float32)  # cuBLAS where admitted
+            out[lo : lo + step] = _triton_from_checked_logits(block, token_ids[lo : lo + step], contract, params,
+                                                              parallel)
     ids_ok.wait()
     return out
 

@@ -356,14 +356,18 @@ def test_rope_fused_backward_is_the_inverse_rotation():
 SMALL_LP = C.replace(logprob=LogprobSpec(vocab_chunk=1024, row_block=8))
 
 
-def test_logprob_chunks_tail_and_engine_path():
-    """V = 4321: five vocab chunks of 1024 (the last one short) padded to an 8-leaf tree."""
+def test_logprob_chunks_tail_and_engine_path(monkeypatch):
+    """V = 4321: five vocab chunks of 1024 (the last one short) padded to an 8-leaf tree. 20 rows are one
+    GPU row block (its result returned as is) or, with 8-row blocks, three (written into one output)."""
     from rlkit.kernels import logprob
     from rlkit.types import SamplingParams
     h, w = torch.randn(20, 64, generator=g(13)), torch.randn(4321, 64, generator=g(14)) / 2
     ids = torch.randint(0, 4321, (20,), generator=g(15))
     out = logprob.triton_logprob(h, w, ids, SMALL_LP)
     assert float((out - logprob.reference(h, w, ids, SMALL_LP)).abs().max()) < 1e-5
+    with monkeypatch.context() as patch:
+        patch.setattr(logprob, "GPU_ROW_BLOCK", 8)
+        assert_bitwise_equal(logprob.triton_logprob(h, w, ids, SMALL_LP), out, "three row blocks vs one")
     logits = logprob.gemm.strict(h, w, SMALL_LP, torch.float32)  # the logits triton_logprob reduces
     for r in (0, 19):
         assert_bitwise_equal(logprob.triton_from_logits(logits[r : r + 1], ids[r : r + 1], SMALL_LP), out[r : r + 1],
