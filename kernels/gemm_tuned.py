@@ -5,10 +5,10 @@ Why a table and not a rule: a one-chain product (every GEMM under contract v6) c
 few rows which launch fills the SMs depends on the GPU's SM count and memory bandwidth: narrow weight
 tiles (many programs, each streaming K x 16 weights) on one GPU model, cuBLAS without split-K (the route
 of kernels/gemm_cublas.py) or the plan's own tile on another. That is decided by timing them on that GPU,
-as vLLM keeps its fused-MoE tiles in a JSON file per device. The tables are written by
-`lab/chained_gemm_h200.py --table`, which compares each launch's bits with the plan's before it times
-it, and live in kernels/tuned/, one file per model (`torch.cuda.get_device_name`, "NVIDIA H200" ->
-NVIDIA_H200.json).
+as vLLM keeps its fused-MoE tiles in a JSON file per device. The tables are built from the rows of
+lab/chained_gemm_h200.py, which compares each launch's bits with the plan's before it times it
+(rlkit/bench/gemm_tables.py; the probe writes OUT/tuned/), and live in kernels/tuned/, one file per
+model (`torch.cuda.get_device_name`, "NVIDIA H200" -> NVIDIA_H200.json).
 
 A launch never moves a bit (the chain is the same k16 MMAs in K order whatever the tile:
 tests/gpu/test_kernels_gpu.py), and `gemm._one_chain` still compares each entry with the plan's launch
