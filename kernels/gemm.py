@@ -653,9 +653,8 @@ def measured_launch(x2: torch.Tensor, w: torch.Tensor, contract: NumericsContrac
 
 
 def _check_input(rows: int, k: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Seeded normal rows for a launch's first-use comparison (any other order of the chain shows in them)."""
-    g = torch.Generator(device=device).manual_seed(107)
-    return torch.randn(rows, k, generator=g, device=device).to(dtype)
+    """The rows a measured launch is compared with the plan on (the cuBLAS route's kind of input)."""
+    return _cublas.seeded(rows, k, dtype, device, seed=107)
 
 
 def _measured_matches_plan(entry, device: str, x: torch.Tensor, w: torch.Tensor, contract: NumericsContract,

@@ -137,7 +137,8 @@ def first_difference(fast, reference, x: torch.Tensor, w: torch.Tensor, rows=CHE
     return None
 
 
-def _seeded(rows: int, k: int, dtype: torch.dtype, device, seed: int, scale: float = 1.0) -> torch.Tensor:
+def seeded(rows: int, k: int, dtype: torch.dtype, device, seed: int, scale: float = 1.0) -> torch.Tensor:
+    """Seeded normal [rows, k] inputs for a first-use comparison (any other order of a chain shows in them)."""
     g = torch.Generator(device=device).manual_seed(seed)
     return (torch.randn(rows, k, generator=g, device=device) * scale).to(dtype)
 
@@ -168,8 +169,8 @@ def device_state(device: torch.device) -> RouteState:
     if problem is None:
         with torch.cuda.device(idx):
             for k, n in CANARY_SHAPES:
-                x = _seeded(CANARY_BATCH, k, torch.bfloat16, name, seed=101)
-                w = _seeded(n, k, torch.bfloat16, name, seed=102, scale=0.02)
+                x = seeded(CANARY_BATCH, k, torch.bfloat16, name, seed=101)
+                w = seeded(n, k, torch.bfloat16, name, seed=102, scale=0.02)
                 split = rows_split(F.linear, x, w)
                 if split:
                     problem = (f"cuBLAS split K at K={k} N={n} (rows alone differ from rows in a batch: "
@@ -202,7 +203,7 @@ def admitted(x2: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, contract
         _CHECKED[key] = False
         return False
     rows = [m for m in CHECK_ROWS if m * w.shape[0] * 4 <= CHECK_BYTES] or [CHECK_ROWS[0]]
-    x = _seeded(max(rows), w.shape[1], x2.dtype, x2.device, seed=103)
+    x = seeded(max(rows), w.shape[1], x2.dtype, x2.device, seed=103)
     problem = first_difference(lambda a, b: linear(a, b, out_dtype), triton_fn, x, w, rows)
     shape = (w.shape[1], w.shape[0], str(x2.dtype).removeprefix("torch."), str(out_dtype).removeprefix("torch."))
     state.shapes[shape] = problem

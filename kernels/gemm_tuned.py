@@ -124,7 +124,7 @@ def load(path: Path) -> Table:
 def table(device: str, directory: Path | None = None) -> Table | None:
     """The table of a GPU model (by `torch.cuda.get_device_name`), None where none was measured; read
     once a process (`directory`: TABLE_DIR unless given)."""
-    return _cached_table(device, Path(directory or TABLE_DIR))
+    return _cached_table(device, TABLE_DIR if directory is None else Path(directory))
 
 
 @functools.cache
