@@ -12,16 +12,21 @@ Timing: triton.testing.do_bench medians (CUDA events; the L2 is flushed before e
 weights stream from HBM as in a real forward); inputs are random normal, never zeros (zeros draw less
 power, so the clocks stay higher and the timings flatter the kernel).
 Ratios are native time / strict time, so 1.0 means "as fast as native" and the targets read >= 0.9.
+The GEMM and logprob cells time strict and native in turn, a few rounds, the ratio taken round by round;
+native there is cuBLAS at torch's defaults, timed by a peer process (rlkit.bench.native_peer) where this
+one runs cuBLAS without a workspace for the strict route.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import itertools
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -29,9 +34,12 @@ import torch
 import torch.nn.functional as F
 
 from rlkit.bench.gemm_candidates import NARROW_ONE_CHAIN, TUNE_CONFIGS
+from rlkit.bench.native_peer import NativePeer, PeerError, environment_at_defaults, serve
 from rlkit.bench.provenance import commit
 
 GEMM_M = (1, 8, 64, 256, 1024, 4096, 8192)
+GEMM_ROUNDS = 3
+"""Rounds a GEMM cell's strict, native and batch_invariant_ops are timed in turn (bench_gemm)."""
 HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy on the H200 (lab/KERNELS_NOTES.md)
 
 
@@ -58,8 +66,14 @@ def _bench_interleaved(fns: dict, rounds: int = 5, rep: int = 40) -> tuple[dict[
     H200's hosts the same launch took either ~45 or ~105 us, the state holding for seconds whatever ran
     (lab/LOG.md 2026-12-04 session 21); calls timed seconds apart then compare two host states, calls
     timed in one round the same one."""
-    per_round = [{name: _bench(fn, rep) for name, fn in fns.items()} for _ in range(rounds)]
-    return {name: statistics.median(r[name] for r in per_round) for name in fns}, per_round
+    return _in_turn({name: functools.partial(_bench, fn, rep) for name, fn in fns.items()}, rounds)
+
+
+def _in_turn(timers: dict, rounds: int) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Each timer (no arguments, returns milliseconds) called in turn, `rounds` times: the medians over the
+    rounds and the rounds themselves (see _bench_interleaved)."""
+    per_round = [{name: timer() for name, timer in timers.items()} for _ in range(rounds)]
+    return {name: statistics.median(r[name] for r in per_round) for name in timers}, per_round
 
 
 def _round_ratio(per_round: list[dict[str, float]], num: str, den: str) -> float:
@@ -125,15 +139,16 @@ def narrow_launch(m: int) -> dict | None:
 
 
 def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False, layers=None,
-               native_only: bool = False, native_at_defaults: dict | None = None) -> None:
+               peer: NativePeer | None = None, rounds: int = GEMM_ROUNDS) -> None:
     """Every projection of each model at every M (or the `layers` named): cuBLAS, rlkit strict (what
     rlkit.ops.linear runs: the cuBLAS route where kernels/gemm_cublas.py admits it, else the Triton
     kernel), the Triton kernel alone (strict_triton), rlkit under contract v4 (the pairwise tree in the
     row-parallel layers) and Thinking Machines' batch-invariant matmul, CUDA-graph replay. With `tune`,
-    candidate launch configurations too (each checked bit for bit). `native_only`: cuBLAS alone (the
-    child process `native_times_at_defaults` runs). `native_at_defaults`: (op, shape) -> ms of cuBLAS at
-    torch's defaults; the ratios then use it and this process's cuBLAS is recorded as
-    native_no_workspace."""
+    candidate launch configurations too (each checked bit for bit).
+    Strict, native and batch_invariant_ops are timed in turn, `rounds` times a cell, and their ratios taken
+    round by round (medians); the rest once. Native is cuBLAS at torch's defaults: timed by `peer` (a
+    process at the defaults, start_native_peer) where this process runs cuBLAS without a workspace for the
+    strict route, this process's cuBLAS then recorded as native_no_workspace; else timed here."""
     from rlkit import NumericsContract
     from rlkit.kernels import gemm, gemm_cublas
 
@@ -154,11 +169,6 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
                 x = _randn(m, k, seed=2)
                 shape = f"{model}.{name} M={m} K={k} N={n}"
                 flops = 2.0 * m * n * k
-                if native_only:
-                    t = _graph_ms(lambda: F.linear(x, w))
-                    rec.add("gemm", "native", shape, "ms", t)
-                    rec.add("gemm", "native", shape, "TFLOP/s", flops / t / 1e9)
-                    continue
                 y, launches = gemm.triton_launch(x, w, c, 1, torch.bfloat16, row_parallel=row_par)
                 compiled.update((ln.kernel, ln) for ln in launches)
                 routed = gemm.strict(x, w, c, torch.bfloat16, row_parallel=row_par)  # eager first: the route's check
@@ -169,9 +179,13 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
                 rec.add("gemm", "strict", shape, "on_cublas", float(on_cublas and not measured))
                 rec.add("gemm", "strict", shape, "measured_launch", float(measured))  # kernels/gemm_tuned.py
                 rec.add("gemm", "strict", shape, "same_bits_as_triton", float(torch.equal(routed, y)))
-                impls = {
-                    "native": lambda: F.linear(x, w),
+                in_turn = {
                     "strict": lambda: gemm.strict(x, w, c, torch.bfloat16, row_parallel=row_par),
+                    "native_no_workspace" if peer else "native": lambda: F.linear(x, w),
+                }
+                if tm is not None:
+                    in_turn["batch_invariant_ops"] = lambda: tm(x, w)
+                impls = {
                     "strict_triton": lambda: gemm.triton_partial(x, w, c, 1, torch.bfloat16, row_parallel=row_par),
                     "strict_v4": lambda: gemm.triton_partial(x, w, v4, 1, torch.bfloat16, row_parallel=row_par),
                 }
@@ -187,22 +201,23 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
                                                                              row_parallel=row_par)
                     else:
                         print(f"  {shape} strict_narrow {narrow}: other bits than the plan (not timed)", flush=True)
-                if tm is not None:
-                    impls["batch_invariant_ops"] = lambda: tm(x, w)
-                times = {impl: _graph_ms(fn) for impl, fn in impls.items()}
-                if native_at_defaults and ("gemm", shape) in native_at_defaults:
-                    times["native_no_workspace"] = times["native"]
-                    times["native"] = native_at_defaults[("gemm", shape)]
+                timers = {impl: functools.partial(_graph_ms, fn) for impl, fn in in_turn.items()}
+                if peer:
+                    timers["native"] = functools.partial(_peer_ms, peer, "gemm", m=m, k=k, n=n)
+                times, per_round = _in_turn(timers, rounds)
+                times.update({impl: _graph_ms(fn) for impl, fn in impls.items()})
                 rec.add("gemm", "native", shape, "at_torch_defaults", float(
-                    "native_no_workspace" in times or gemm_cublas.environment_problem() is not None))
+                    peer is not None or gemm_cublas.environment_problem() is not None))
+                rec.add("gemm", "strict", shape, "rounds_in_turn", float(rounds))
                 for impl, t in times.items():
                     rec.add("gemm", impl, shape, "ms", t)
                     rec.add("gemm", impl, shape, "TFLOP/s", flops / t / 1e9)
                     if impl != "native":
-                        rec.add("gemm", impl, shape, "ratio_vs_native", times["native"] / t)
+                        rec.add("gemm", impl, shape, "ratio_vs_native",
+                                _round_ratio(per_round, "native", impl) if impl in timers else times["native"] / t)
                 if tm is not None:
                     rec.add("gemm", "strict", shape, "ratio_vs_batch_invariant_ops",
-                            times["batch_invariant_ops"] / times["strict"])
+                            _round_ratio(per_round, "batch_invariant_ops", "strict"))
                 rec.add("gemm", "strict", shape, "GB/s_weights", n * k * 2 / times["strict"] / 1e6)
                 plan = launches[0].plan if launches else {}
                 rec.add("gemm", "strict", shape, "plan:" + ",".join(
@@ -223,8 +238,6 @@ def bench_gemm(rec: Recorder, ms=GEMM_M, models=GEMM_MODELS, tune: bool = False,
                         rec.add("gemm", f"cfg{i}", shape, "same_bits", float(same))
                 del x
             del w
-    if native_only:
-        return
     tiny_x, tiny_w = _randn(1, 256, seed=20), _randn(64, 256, seed=21)
     rec.add("gemm", "strict", "launch floor M=1 K=256 N=64", "ms",
             _bench(lambda: gemm.triton_partial(tiny_x, tiny_w, c, 1, torch.bfloat16)))
@@ -393,10 +406,11 @@ def bench_attention_backward(rec: Recorder, shapes=ATTENTION_BACKWARD_SHAPES) ->
 
 
 # -- logprob and the row-wise ops ---------------------------------------------------------------------
-def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096), native_only: bool = False,
-                  native_at_defaults: dict | None = None) -> None:
-    """Strict logprob (lm_head GEMM + the contract's LSE) against torch.mm + log_softmax; the native
-    time from `native_at_defaults` where given (see bench_gemm)."""
+def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096), peer: NativePeer | None = None,
+                  rounds: int = 5) -> None:
+    """Strict logprob (lm_head GEMM + the contract's LSE) against torch.mm + log_softmax, the two timed in
+    turn `rounds` times, the ratio taken round by round; native at torch's defaults from `peer` where given
+    (see bench_gemm), this process's cuBLAS then recorded as native_no_workspace."""
     from rlkit import NumericsContract
     from rlkit.kernels import gemm, logprob
 
@@ -407,14 +421,15 @@ def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096), native_only: bool = Fal
         h = _randn(m, k, seed=10)
         ids = torch.randint(0, n, (m,), device="cuda")
         shape = f"lm_head M={m} K={k} V={n}"
-        t_nat = _bench(lambda: torch.log_softmax(F.linear(h, w).float(), -1).gather(-1, ids[:, None]))
-        if native_only:
-            rec.add("logprob", "native_mm_log_softmax", shape, "ms", t_nat)
-            continue
-        if native_at_defaults and ("logprob", shape) in native_at_defaults:
-            rec.add("logprob", "native_no_workspace", shape, "ms", t_nat)
-            t_nat = native_at_defaults[("logprob", shape)]
-        t_str = _bench(lambda: logprob.triton_logprob(h, w, ids, c))
+        timers = {"strict": functools.partial(_bench, lambda: logprob.triton_logprob(h, w, ids, c), 40),
+                  "native_no_workspace" if peer else "native": functools.partial(
+                      _bench, lambda: torch.log_softmax(F.linear(h, w).float(), -1).gather(-1, ids[:, None]), 40)}
+        if peer:
+            timers["native"] = functools.partial(_peer_ms, peer, "logprob", m=m, k=k, n=n)
+        times, per_round = _in_turn(timers, rounds)
+        t_nat, t_str = times["native"], times["strict"]
+        if peer:
+            rec.add("logprob", "native_no_workspace", shape, "ms", times["native_no_workspace"])
         # the chunk-parallel form (logprob.PARALLEL_CHUNKS decides whether plans take it), its bits checked
         other = not logprob.chunks_in_parallel(m, h.device)
         same = torch.equal(logprob.triton_logprob(h, w, ids, c, parallel=other), logprob.triton_logprob(h, w, ids, c))
@@ -428,24 +443,20 @@ def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096), native_only: bool = Fal
         rec.add("logprob", form, shape, "ratio_vs_native", t_nat / t_other)
         rec.add("logprob", form, shape, "same_bits", float(same))
         rec.add("logprob", "strict", shape, "ms", t_str)
-        rec.add("logprob", "strict", shape, "ratio_vs_native", t_nat / t_str)
+        rec.add("logprob", "strict", shape, "ratio_vs_native", _round_ratio(per_round, "native", "strict"))
         # the same kernels without the ids' range check (a device sync the native mm + log_softmax does not
         # make): how much of the gap at few rows is that read, not the kernels
         t_unchecked = _bench(lambda: logprob._triton_from_checked_logits(
             gemm.strict(h, w, c, torch.float32), ids, c, None, None))
         rec.add("logprob", "strict_kernels_without_id_check", shape, "ms", t_unchecked)
         rec.add("logprob", "strict_kernels_without_id_check", shape, "ratio_vs_native", t_nat / t_unchecked)
-        # few rows are launch-bound, and the native time above comes from another process minutes away,
-        # while the host's launch latency switches state for seconds at a time (lab/LOG.md 2026-12-04
-        # session 21): strict and torch's mm + log_softmax in this process (no cuBLAS workspace: at the
-        # lm_head's N the same cuBLAS kernels as at the defaults, lab/LOG.md 2026-12-03 session 16), timed
-        # in turn, the ratio taken round by round
-        times, per_round = _bench_interleaved({
-            "strict": lambda: logprob.triton_logprob(h, w, ids, c),
-            "native": lambda: torch.log_softmax(F.linear(h, w).float(), -1).gather(-1, ids[:, None])})
+        # the same rounds against torch's mm + log_softmax in this process (no cuBLAS workspace where the
+        # route is on: at the lm_head's N the same cuBLAS kernels as at the defaults, lab/LOG.md 2026-12-03
+        # session 16), so the launch-bound cells read against a native in the very same host state
+        here = "native_no_workspace" if peer else "native"
         rec.add("logprob", "strict_interleaved", shape, "ms", times["strict"])
-        rec.add("logprob", "native_interleaved", shape, "ms", times["native"])
-        rec.add("logprob", "strict", shape, "ratio_vs_native_interleaved", _round_ratio(per_round, "native", "strict"))
+        rec.add("logprob", "native_interleaved", shape, "ms", times[here])
+        rec.add("logprob", "strict", shape, "ratio_vs_native_interleaved", _round_ratio(per_round, here, "strict"))
 
 
 def bench_rowwise(rec: Recorder, rows: int = 4096) -> None:
@@ -746,64 +757,94 @@ def render(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def native_times_at_defaults(out: Path, quick: bool, parts) -> dict | None:
-    """(op, shape) -> ms of the native GEMM and logprob rows, timed in a child process at torch's cuBLAS
-    defaults (RLKIT_GEMM_CUBLAS=0: rlkit leaves the workspace as torch sets it). Needed where this
-    process runs cuBLAS without a workspace for the strict route (kernels/gemm_cublas.py): the native
-    control a user would run keeps split-K. None where this process is at the defaults already or the
-    child failed (the ratios then use this process's cuBLAS, and say so in the rows' impl)."""
-    import subprocess
-    import sys
-
+def start_native_peer(out: Path, parts) -> NativePeer | None:
+    """A native peer (rlkit.bench.native_peer) at torch's cuBLAS defaults, for the GEMM and logprob parts,
+    where this process runs cuBLAS without a workspace for the strict route. None where this process is at
+    the defaults already (the native control is timed here), no part needs it, or it failed to start (said
+    so: the ratios then use this process's cuBLAS, and the rows' at_torch_defaults says which)."""
     from rlkit.kernels import gemm_cublas
 
-    wanted = [p for p in parts if p in ("gemm", "logprob")]
-    if not wanted or gemm_cublas.environment_problem() is not None:
+    if not any(p in ("gemm", "logprob") for p in parts) or gemm_cublas.environment_problem() is not None:
         return None
-    env = {k: v for k, v in os.environ.items() if k not in gemm_cublas.NO_WORKSPACE}
-    env[gemm_cublas.SWITCH] = "0"
-    child_out = out / "native_at_defaults"
-    cmd = [sys.executable, "-m", "rlkit.bench.kernels", "--out", str(child_out), "--native-only",
-           "--parts", ",".join(wanted)] + (["--quick"] if quick else [])
-    rc = subprocess.run(cmd, env=env).returncode
-    path = child_out / "bench.jsonl"
-    if rc or not path.is_file():
-        print(f"bench: the native run at torch's defaults ended with status {rc}; ratios use this "
-              f"process's cuBLAS (no workspace)", flush=True)
+    try:
+        return NativePeer([sys.executable, "-m", "rlkit.bench.kernels", "--peer"], environment_at_defaults(),
+                          out / "native_peer.log")
+    except (PeerError, OSError) as e:
+        print(f"bench: no native peer at torch's defaults ({e}); ratios use this process's cuBLAS (no workspace)",
+              flush=True)
         return None
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {(r["op"], r["shape"]): r["median"] for r in rows
-            if r["metric"] == "ms" and r["impl"] in ("native", "native_mm_log_softmax")}
+
+
+def _peer_ms(peer: NativePeer, op: str, **shape) -> float:
+    return float(peer.ask(dict(op=op, **shape))["ms"])
+
+
+_PEER_OPERANDS: dict = {}
+"""The peer's operands of the last shape asked for (op, M, K, N) -> tensors: rounds ask one shape in turn."""
+
+
+def _peer_request(request: dict) -> dict:
+    """The peer's answer to one timing request: the native call on the operands and seeds bench_gemm /
+    bench_logprob use, timed as they time theirs."""
+    op, m, k, n = request["op"], int(request["m"]), int(request["k"]), int(request["n"])
+    key = (op, m, k, n)
+    if key not in _PEER_OPERANDS:
+        _PEER_OPERANDS.clear()
+        if op == "gemm":
+            _PEER_OPERANDS[key] = (_randn(m, k, seed=2), _randn(n, k, scale=0.02, seed=1), None)
+        elif op == "logprob":
+            _PEER_OPERANDS[key] = (_randn(m, k, seed=10), _randn(n, k, scale=0.02, seed=9),
+                                   torch.randint(0, n, (m,), device="cuda"))
+        else:
+            raise ValueError(f"unknown op {op!r} (gemm or logprob)")
+    x, w, ids = _PEER_OPERANDS[key]
+    if op == "gemm":
+        return {"ms": _graph_ms(lambda: F.linear(x, w))}
+    return {"ms": _bench(lambda: torch.log_softmax(F.linear(x, w).float(), -1).gather(-1, ids[:, None]), 40)}
+
+
+def _serve_peer() -> int:
+    from rlkit.kernels import gemm_cublas
+
+    if not torch.cuda.is_available():
+        print("rlkit bench kernels --peer needs a CUDA device", file=sys.stderr)
+        return 2
+    return serve(_peer_request, ready=dict(device=torch.cuda.get_device_name(), pid=os.getpid(),
+                                           at_torch_defaults=gemm_cublas.environment_problem() is not None))
 
 
 def run(out_dir: str | Path, quick: bool = False, tune: bool = False, parts=("gemm", "attention", "logprob",
-        "rowwise", "engine"), gemm_layers=None, gemm_ms=None, native_only: bool = False) -> list[dict]:
+        "rowwise", "engine"), gemm_layers=None, gemm_ms=None) -> list[dict]:
     """Run the benchmarks, write bench.jsonl / bench.csv / BENCHMARKS.md under out_dir, return the rows.
-    `gemm_layers` / `gemm_ms`: only those projections (qkv, o, gate_up, down, lm_head) / token counts.
-    `native_only`: the native GEMM and logprob rows alone (what `native_times_at_defaults` asks for)."""
+    `gemm_layers` / `gemm_ms`: only those projections (qkv, o, gate_up, down, lm_head) / token counts."""
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     rec = Recorder(torch.cuda.get_device_name(), commit())
     started = time.time()
-    at_defaults = None if native_only else native_times_at_defaults(out, quick, parts)
+    peer = start_native_peer(out, parts)
     steps = {
         "gemm": lambda: bench_gemm(rec, ms=gemm_ms or ((1, 64, 1024) if quick else GEMM_M), tune=tune,
-                                   layers=gemm_layers, native_only=native_only, native_at_defaults=at_defaults),
+                                   layers=gemm_layers, peer=peer),
         "attention": lambda: bench_attention(rec, seqlens=(1024,) if quick else (1024, 4096, 16384), tune=tune),
         "logprob": lambda: bench_logprob(rec, ms=(1, 1024) if quick else (1, 64, 1024, 4096),
-                                         native_only=native_only, native_at_defaults=at_defaults),
+                                         peer=peer),
         "attention_backward": lambda: bench_attention_backward(rec),
         "rowwise": lambda: bench_rowwise(rec),
         "engine": lambda: bench_engine_steps(rec, steps=ENGINE_STEPS[:1] if quick else ENGINE_STEPS),
     }
-    for part in parts:
-        t0 = time.time()
-        try:
-            steps[part]()
-        except Exception as exc:  # noqa: BLE001 - one broken part must not lose the others' rows
-            rec.add(part, "error", repr(exc)[:200], "failed", 1.0)
-            print(f"bench {part} failed: {exc!r}", flush=True)
-        print(f"bench {part}: {time.time() - t0:.1f} s", flush=True)
-        write_rows(rec.rows, out)
+    try:
+        for part in parts:
+            t0 = time.time()
+            try:
+                steps[part]()
+            except Exception as exc:  # noqa: BLE001 - one broken part must not lose the others' rows
+                rec.add(part, "error", repr(exc)[:200], "failed", 1.0)
+                print(f"bench {part} failed: {exc!r}", flush=True)
+            print(f"bench {part}: {time.time() - t0:.1f} s", flush=True)
+            write_rows(rec.rows, out)
+    finally:
+        if peer is not None:
+            peer.close()
     (out / "BENCHMARKS.md").write_text(render(rec.rows))
     print(f"benchmarks: {len(rec.rows)} rows in {time.time() - started:.0f} s", flush=True)
     return rec.rows
@@ -815,8 +856,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few sizes only")
     ap.add_argument("--tune", action="store_true", help="also time candidate GEMM launch configurations")
     ap.add_argument("--parts", default="gemm,attention,logprob,rowwise,engine")
-    ap.add_argument("--native-only", action="store_true",
-                    help="the native GEMM and logprob rows alone (run at torch's defaults for the ratios)")
+    ap.add_argument("--peer", action="store_true",
+                    help="serve native timings on stdin/stdout (the native peer a run starts at torch's defaults)")
     ap.add_argument("--markdown", default=None, help="also copy the rendered tables to this path")
     ap.add_argument("--render", nargs="+", metavar="ROWS.jsonl",
                     help="no GPU: render --markdown from these row files (committed runs), in order")
@@ -834,10 +875,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(text)
         return 0
+    if a.peer:
+        return _serve_peer()
     if not torch.cuda.is_available():
         print("rlkit bench kernels needs a CUDA device")
         return 2
-    rows = run(a.out, quick=a.quick, tune=a.tune, parts=tuple(a.parts.split(",")), native_only=a.native_only)
+    rows = run(a.out, quick=a.quick, tune=a.tune, parts=tuple(a.parts.split(",")))
     if a.markdown:  # the compile report (rlkit.bench.compile_targets) in the same file stays
         from rlkit.bench.compile_targets import keep_compile_report
 
