@@ -229,3 +229,13 @@ def test_an_interleaved_logprob_ratio_shows_the_times_of_its_own_rounds():
     text = render(rows)
     assert f"| {shape} | strict | ratio_vs_native | 0.660 | 0.513 | 0.339 |" in text
     assert f"| {shape} | strict | ratio_vs_native_interleaved | 1.090 | 0.310 | 0.340 |" in text
+
+
+def test_gemm_tables_say_when_their_cells_were_timed_in_turn():
+    """Rows of a run that timed strict and native in rounds (rounds_in_turn) say so in their table's note;
+    rows from before say nothing of rounds."""
+    shape = "qwen3-0.6b.o M=1 K=2048 N=1024"
+    before = [_row("gemm", "strict", shape, "ratio_vs_native", 0.97)]
+    assert "rounds a cell" not in render(before)
+    now = before + [_row("gemm", "strict", shape, "rounds_in_turn", 3.0)]
+    assert "cuBLAS is timed at torch's defaults, in turn with strict and batch_invariant_ops (3 rounds a cell" in render(now)

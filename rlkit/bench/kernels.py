@@ -592,6 +592,16 @@ def _beside_note(impl: str) -> str:
     return f"the same cell under qwen3-dense-strict-{BESIDE_IMPLS[impl]}, timed beside."
 
 
+def _rounds_note(rows: list[dict], model: str) -> str:
+    """How a model's GEMM cells were timed: in turn over rounds (rows since a8908db), else one each."""
+    rounds = {int(r["median"]) for r in rows if r["op"] == "gemm" and r["metric"] == "rounds_in_turn"
+              and r["shape"].startswith(model + ".")}
+    if not rounds:
+        return ""
+    return (f", in turn with strict and batch_invariant_ops ({'/'.join(map(str, sorted(rounds)))} rounds a cell, "
+            "the ratios taken round by round, medians; the native in a peer process at the defaults)")
+
+
 def _render_gemm(rows: list[dict]) -> list[str]:
     """One table per model: strict / cuBLAS speed ratio, strict / batch_invariant_ops where timed, and the
     other contract's GEMM (strict_v5 or strict_v6, whichever the default was not) where timed."""
@@ -614,7 +624,7 @@ def _render_gemm(rows: list[dict]) -> list[str]:
                 + (f"; lowest vs batch_invariant_ops: {min(vs_tm):.2f} (target >= 1.0)" if vs_tm else "")
                 + f". Contract {contract}. {ROW_PARALLEL_NOTES.get(contract, '')} (on cuBLAS without split-K where "
                 "the route admits the shape: the Triton kernel's bits, checked; kernels/gemm_cublas.py). cuBLAS is "
-                "timed at torch's defaults."
+                "timed at torch's defaults" + _rounds_note(rows, model) + "."
                 + "".join(f" \"{BESIDE_IMPLS[b]}\": {_beside_note(b)}" for b in beside), "",
                 "| M | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
         for m in ms:
