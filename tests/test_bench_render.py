@@ -57,6 +57,16 @@ def test_render_from_committed_row_files_keeps_the_compile_report(tmp_path):
     assert "| swiglu 8x8 | strict | ratio_vs_native | 0.990 |" in text and "old" not in text
     assert "KEEP ME" in text
     assert "| prefill S=1024 | unmasked | same_bits | 1.000 |" in text
+    # the same rows kept gzipped (lab/bench keeps large runs so) render the same tables
+    import gzip
+
+    packed = tmp_path / "rows.jsonl.gz"
+    packed.write_bytes(gzip.compress(f.read_bytes()))
+    md2 = tmp_path / "C.md"
+    assert main(["--render", str(packed), "--markdown", str(md2)]) == 0
+    unpacked = md2.read_text()
+    assert "| swiglu 8x8 | strict | ratio_vs_native | 0.990 |" in unpacked
+    assert "| prefill S=1024 | unmasked | same_bits | 1.000 |" in unpacked
 
 
 def test_rl_step_rows_of_two_calls_combine_into_the_ratio(tmp_path):

@@ -860,6 +860,15 @@ def run(out_dir: str | Path, quick: bool = False, tune: bool = False, parts=("ge
     return rec.rows
 
 
+def _read_rows_text(path: Path) -> str:
+    """A committed row file's text; `.gz` files (how runs are kept in lab/bench once their rows grow) unpacked."""
+    if path.suffix == ".gz":
+        import gzip
+
+        return gzip.decompress(path.read_bytes()).decode()
+    return path.read_text()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rlkit bench kernels", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench-out", help="folder for bench.jsonl, bench.csv, BENCHMARKS.md")
@@ -870,10 +879,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="serve native timings on stdin/stdout (the native peer a run starts at torch's defaults)")
     ap.add_argument("--markdown", default=None, help="also copy the rendered tables to this path")
     ap.add_argument("--render", nargs="+", metavar="ROWS.jsonl",
-                    help="no GPU: render --markdown from these row files (committed runs), in order")
+                    help="no GPU: render --markdown from these row files (committed runs, .jsonl or .jsonl.gz), in order")
     a = ap.parse_args(argv)
     if a.render:
-        rows = [json.loads(line) for f in a.render for line in Path(f).read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for f in a.render for line in _read_rows_text(Path(f)).splitlines() if line.strip()]
         rows = [r for r in rows if r["op"] != "gemm" or not r["metric"].startswith(("plan", "same_bits"))]
         text = render(rows)
         if a.markdown:

@@ -168,3 +168,23 @@ def test_the_compile_check_compiles_each_table_launch_for_its_arch(tmp_path, mon
     assert "Test GPU 80GB K=6144 N=2048 M=1-4" in call.source
     result = check_one(call, sm90)
     assert result.error is None and result.metrics["registers"] > 0, result.error
+
+
+def test_every_committed_table_loads_and_its_launches_compile_for_its_arch():
+    """kernels/tuned/*.json as shipped: each loads (gemm_tuned.load validates it), is named after its device,
+    and every launch compiles for its arch without spills (the compile check's own requests)."""
+    committed = gemm_tuned.tables()
+    assert committed, f"no committed table under {gemm_tuned.TABLE_DIR}"
+    for table in committed:
+        assert table.entries, table.device
+        target = next(t for t in TARGETS if t.traits.arch == table.arch)
+        calls = [c for c in compile_plans.kernel_calls(target.traits, presets=["tiny"], ops=["gemm"],
+                                                       contracts=("qwen3-dense-strict-v6",))
+                 if "gemm_tuned" in c.source and table.device in c.source]
+        # entries whose launches compile to the same binary are one request (the collector keeps the first)
+        assert calls and len(calls) <= len(table.entries), (table.device, [c.source for c in calls])
+        assert {c.kwargs["BN"] for c in calls} == {e.config()["BN"] for e in table.entries}
+        for call in calls:
+            result = check_one(call, target)
+            assert result.error is None, (call.source, result.error)
+            assert result.metrics.get("spills", 0) == 0, (call.source, result.metrics)
