@@ -130,14 +130,11 @@ def test_the_native_peer_is_only_started_where_the_route_changed_torchs_defaults
 
 
 def test_a_peer_that_cannot_start_leaves_the_benchmark_on_this_process_native(monkeypatch, tmp_path, capsys):
-    """A peer whose process fails before its ready line (here: no CUDA on this machine) is reported, not
-    raised: the benchmark goes on with this process's cuBLAS as the native."""
-    import torch
-
+    """A peer whose process fails before its ready line (here: it sees no CUDA device, on any machine) is
+    reported, not raised: the benchmark goes on with this process's cuBLAS as the native."""
     from rlkit.bench import kernels
 
-    if torch.cuda.is_available():
-        pytest.skip("on a GPU the peer starts; tests/gpu covers it")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the peer inherits it
     monkeypatch.setenv("RLKIT_GEMM_CUBLAS", "1")
     for name, value in (("CUBLAS_WORKSPACE_CONFIG", ":0:0"), ("CUBLASLT_WORKSPACE_SIZE", "0")):
         monkeypatch.setenv(name, value)

@@ -406,6 +406,11 @@ def bench_attention_backward(rec: Recorder, shapes=ATTENTION_BACKWARD_SHAPES) ->
 
 
 # -- logprob and the row-wise ops ---------------------------------------------------------------------
+def native_logprob(h: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The native control of the logprob cells: torch.mm + log_softmax, the ids' values gathered."""
+    return torch.log_softmax(F.linear(h, w).float(), -1).gather(-1, ids[:, None])
+
+
 def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096), peer: NativePeer | None = None,
                   rounds: int = 5) -> None:
     """Strict logprob (lm_head GEMM + the contract's LSE) against torch.mm + log_softmax, the two timed in
@@ -423,7 +428,7 @@ def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096), peer: NativePeer | None
         shape = f"lm_head M={m} K={k} V={n}"
         timers = {"strict": functools.partial(_bench, lambda: logprob.triton_logprob(h, w, ids, c), 40),
                   "native_no_workspace" if peer else "native": functools.partial(
-                      _bench, lambda: torch.log_softmax(F.linear(h, w).float(), -1).gather(-1, ids[:, None]), 40)}
+                      _bench, lambda: native_logprob(h, w, ids), 40)}
         if peer:
             timers["native"] = functools.partial(_peer_ms, peer, "logprob", m=m, k=k, n=n)
         times, per_round = _in_turn(timers, rounds)
@@ -810,7 +815,7 @@ def _peer_request(request: dict) -> dict:
     x, w, ids = _PEER_OPERANDS[key]
     if op == "gemm":
         return {"ms": _graph_ms(lambda: F.linear(x, w))}
-    return {"ms": _bench(lambda: torch.log_softmax(F.linear(x, w).float(), -1).gather(-1, ids[:, None]), 40)}
+    return {"ms": _bench(lambda: native_logprob(x, w, ids), 40)}
 
 
 def _serve_peer() -> int:
