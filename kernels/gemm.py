@@ -476,8 +476,8 @@ def _k_step(cfg: dict, k_tile: int) -> int:
     accumulator, so the chain is the same (the contract's K step is where the Triton kernels' `tl.dot`
     calls meet, not a rounding); a smaller step lets more of them sit in the shared-memory ring, a larger
     one keeps more bytes in flight a program and loads half as often. Taken by the Gluon kernel (a chunk
-    must be a whole number of load steps: `supported`) and the swapped kernel (where the chunk is not a
-    whole number of them, the contract's step)."""
+    must be a whole number of load steps: `supported`), the swapped and the tiles kernels (where the chunk is
+    not a whole number of them, the contract's step)."""
     step = cfg.get("BK", k_tile)
     if step % 16 or (k_tile % step and step % k_tile):
         raise ValueError(f"gemm plan BK={step}: a kernel's K step must be a multiple of 16 dividing or "
@@ -505,7 +505,6 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract
     cfg = plan(m, n, x.device, config, chunks=c, k_chunk=kc, bk=bk, dtype=x.dtype, merge=merge_rule)
     ieee = x.dtype == torch.float32
     fold = contract.gemm.chunk_merge == "sequential"
-    even_k = kc % bk == 0
     opts = _tr.launch_options(contract)
     gluon_bk = _k_step(cfg, bk) if cfg["kind"] == "gluon" else bk
     if cfg["kind"] == "gluon" and not (fold and c > 1 and _gluon.supported(x2, w, y, c, kc, gluon_bk, cfg["BM"])):
@@ -569,6 +568,8 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract
         slab = m
         if split and c * m * n * 4 > WORKSPACE_BYTES:
             slab = max(cfg["BM"], WORKSPACE_BYTES // (c * n * 4) // cfg["BM"] * cfg["BM"])
+        step = _k_step(cfg, bk)
+        step = step if kc % step == 0 else bk
         for lo in range(0, m, slab):
             xs, ys = x2[lo : lo + slab], y[lo : lo + slab]
             ms = xs.shape[0]
@@ -578,9 +579,9 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract
             cnt = _counters(x.device, tiles)
             compiled = _gemm_tiles_kernel[grid](
                 xs, w, ys, ws, cnt, ms, n, kc, xs.stride(0), w.stride(0), ys.stride(0), C=c, SPLIT=split,
-                BM=cfg["BM"], BN=cfg["BN"], BK=bk, GROUP_M=cfg["GROUP_M"], EVEN_K=even_k, IEEE=ieee, FOLD=fold,
-                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
-            launches.append(_tr.Launch("tiles", dict(cfg, grid=grid, C=c, BK=bk, split=split), compiled))
+                BM=cfg["BM"], BN=cfg["BN"], BK=step, GROUP_M=cfg["GROUP_M"], EVEN_K=kc % step == 0, IEEE=ieee,
+                FOLD=fold, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **opts)
+            launches.append(_tr.Launch("tiles", dict(cfg, grid=grid, C=c, BK=step, split=split), compiled))
     return y.reshape(*lead, n), launches
 
 

@@ -31,6 +31,12 @@ NARROW = {f"nw{bn}x{bt}k{bk}w{wp}s{st}": dict(kind="swapped", BN=bn, BT=bt, BK=b
           if (bn + bt) * bk * 2 * st <= 200 * 1024}
 """Narrow weight tiles (16 or 32 rows: more programs for the SMs where one chain over K leaves N / 64 of
 them) with longer K steps (more bytes in flight a program): the same k16 MMAs in the same order."""
+TOKEN_PADDED = {f"tp{bn}k{bk}s{st}": dict(kind="tiles", BM=64, BN=bn, BK=bk, GROUP_M=8, split=False, num_warps=4,
+                                          num_stages=st)
+                for bn in (16, 32) for bk in (128, 256) for st in (3, 5) if (64 + bn) * bk * 2 * st <= 200 * 1024}
+"""The other orientation at a few rows: the tokens the warpgroup MMA's 64-row operand (rows past M reload
+row M - 1 from cache and are never stored), 16 or 32 weight rows its N side, so the narrow tile still
+issues warpgroup MMAs (m64n16k16 / m64n32k16) where the swapped 16-row tile issues mma.sync."""
 
 
 def main() -> None:
@@ -76,9 +82,9 @@ def main() -> None:
                          "cublas in-process": lambda: F.linear(x, w),
                          "v5 strict": lambda: gemm.strict(x, w, v5, row_parallel=True)}
                 if m <= 64:
-                    variants = {**SWAPPED, **NARROW}
+                    variants = {**SWAPPED, **NARROW, **TOKEN_PADDED}
                     for name, cfg in variants.items():
-                        if (cfg["BT"] == 16) != (m <= 16):
+                        if "BT" in cfg and (cfg["BT"] == 16) != (m <= 16):
                             continue
                         cands[name] = (lambda c: lambda: gemm.triton_partial(x, w, v6, 1, torch.bfloat16, config=c,
                                                                              row_parallel=True))(cfg)
@@ -99,7 +105,7 @@ def main() -> None:
                     fn()
                     times[name] = do_bench_cudagraph(fn, rep=20) * 1000
                     put(name, shape, "us", times[name])
-                best = min((t, nm) for nm, t in times.items() if nm[:2] in ("sw", "nw") or nm == "triton plan")
+                best = min((t, nm) for nm, t in times.items() if nm[:2] in ("sw", "nw", "tp") or nm == "triton plan")
                 print(f"{shape:40s} v6 {times['v6 strict']:7.1f}  cublas {times['cublas in-process']:7.1f}  "
                       f"plan {times['triton plan']:7.1f}  best-triton {best[0]:7.1f} ({best[1]})  v5 {times['v5 strict']:7.1f}",
                       flush=True)

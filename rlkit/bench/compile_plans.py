@@ -138,10 +138,14 @@ def _gemm_swapped(cfg: dict, s: GemmShape, contract: NumericsContract):
 
 def _gemm_tiles(cfg: dict, s: GemmShape, contract: NumericsContract):
     c = _gemm_common(s, contract)
+    kc = s.k // s.chunks
+    step = gemm._k_step(cfg, c["BK"])  # as gemm._launch
+    if kc % step:
+        step = c["BK"]
     args = (_t(s.x_dtype), _t(s.x_dtype), _t(s.out_dtype), _t(torch.float32), _t(torch.int32),
-            s.m, s.n, s.k // s.chunks, s.k, s.k, s.n)
-    kw = dict(C=c["C"], SPLIT=bool(cfg["split"]) and s.chunks > 1, BM=cfg["BM"], BN=cfg["BN"], BK=c["BK"],
-              GROUP_M=cfg["GROUP_M"], EVEN_K=c["EVEN_K"], IEEE=c["IEEE"], FOLD=c["FOLD"], num_warps=cfg["num_warps"],
+            s.m, s.n, kc, s.k, s.k, s.n)
+    kw = dict(C=c["C"], SPLIT=bool(cfg["split"]) and s.chunks > 1, BM=cfg["BM"], BN=cfg["BN"], BK=step,
+              GROUP_M=cfg["GROUP_M"], EVEN_K=kc % step == 0, IEEE=c["IEEE"], FOLD=c["FOLD"], num_warps=cfg["num_warps"],
               num_stages=cfg["num_stages"], **_tr.launch_options(contract))
     return [("tiles", gemm._gemm_tiles_kernel, args, kw)]
 
