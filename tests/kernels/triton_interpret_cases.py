@@ -48,6 +48,7 @@ GEMM_CONFIGS = [  # small tiles so the interpreter stays quick; every one must g
     dict(kind="tiles", BM=64, BN=64, GROUP_M=2, split=True, num_warps=4, num_stages=2),
     dict(kind="tiles", BM=64, BN=64, GROUP_M=2, split=False, num_warps=4, num_stages=2),
     dict(kind="tiles", BM=32, BN=64, GROUP_M=1, split=False, num_warps=4, num_stages=2),
+    dict(kind="tiles", BM=64, BN=16, BK=128, GROUP_M=8, split=False, num_warps=4, num_stages=2),  # token-padded narrow
 ]
 
 
