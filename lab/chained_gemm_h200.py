@@ -3,7 +3,8 @@
 For the o/down projections of qwen3-8b / 1.7b / 0.6b and M in --m: v6's strict call (its plan and the
 cuBLAS route), the plan's Triton kernel without the route, swapped-kernel variants for M <= 64 (weight
 tile, stages), cuBLAS in this process (so without a workspace: rlkit's setting) and v5's ordered merge,
-each as a CUDA-graph time; every variant's bits against the Triton plan first (a difference is printed as
+each as a CUDA-graph time on rotating weight copies (rlkit.bench.kernels.cold_graph_ms: the weights from
+HBM, as in a forward pass); every variant's bits against the Triton plan first (a difference is printed as
 DIFFERENT and the variant not timed). The benchmark (rlkit.bench.kernels) quotes cuBLAS at torch's
 defaults; this probe chooses plans.
 
@@ -46,10 +47,9 @@ def main() -> None:
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
-    from triton.testing import do_bench_cudagraph
-
     from rlkit import NumericsContract
     from rlkit.bench import gemm_tables
+    from rlkit.bench.kernels import cold_graph_ms, cold_weights
     from rlkit.bitwise import compare
     from rlkit.kernels import gemm, gemm_cublas
 
@@ -77,23 +77,24 @@ def main() -> None:
                 gemm.strict(x, w, v6, row_parallel=True)  # eager: the route's check of this shape
                 route = gemm_cublas.status(x.device)
                 put("v6 strict", shape, "on_cublas", float(route is not None and route.on_cublas(k, n)))
-                cands = {"v6 strict": lambda: gemm.strict(x, w, v6, row_parallel=True),
-                         "triton plan": lambda: gemm.triton_partial(x, w, v6, 1, torch.bfloat16, row_parallel=True),
-                         "cublas in-process": lambda: F.linear(x, w),
-                         "v5 strict": lambda: gemm.strict(x, w, v5, row_parallel=True)}
+                cands = {"v6 strict": lambda wi: gemm.strict(x, wi, v6, row_parallel=True),
+                         "triton plan": lambda wi: gemm.triton_partial(x, wi, v6, 1, torch.bfloat16, row_parallel=True),
+                         "cublas in-process": lambda wi: F.linear(x, wi),
+                         "v5 strict": lambda wi: gemm.strict(x, wi, v5, row_parallel=True)}
                 if m <= 64:
                     variants = {**SWAPPED, **NARROW, **TOKEN_PADDED}
                     for name, cfg in variants.items():
                         if "BT" in cfg and (cfg["BT"] == 16) != (m <= 16):
                             continue
-                        cands[name] = (lambda c: lambda: gemm.triton_partial(x, w, v6, 1, torch.bfloat16, config=c,
-                                                                             row_parallel=True))(cfg)
+                        cands[name] = (lambda c: lambda wi: gemm.triton_partial(x, wi, v6, 1, torch.bfloat16, config=c,
+                                                                                row_parallel=True))(cfg)
                         put(name, shape, "launch:" + json.dumps(cfg, sort_keys=True), 1.0)
                 times = {}
+                weights = cold_weights(w)
                 for name, fn in cands.items():
                     if name not in ("cublas in-process", "v5 strict"):
                         try:
-                            out = fn()
+                            out = fn(w)
                         except Exception as e:  # a variant that does not fit (shared memory, registers)
                             print(f"FAILED {shape} {name}: {type(e).__name__}: {str(e)[:120]}")
                             continue
@@ -102,8 +103,8 @@ def main() -> None:
                         if not rep.equal:
                             print("DIFFERENT", rep)
                             continue
-                    fn()
-                    times[name] = do_bench_cudagraph(fn, rep=20) * 1000
+                    fn(w)
+                    times[name] = cold_graph_ms(fn, weights, rep=20) * 1000
                     put(name, shape, "us", times[name])
                 best = min((t, nm) for nm, t in times.items() if nm[:2] in ("sw", "nw", "tp") or nm == "triton plan")
                 print(f"{shape:40s} v6 {times['v6 strict']:7.1f}  cublas {times['cublas in-process']:7.1f}  "

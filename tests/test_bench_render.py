@@ -246,3 +246,22 @@ def test_gemm_tables_say_when_their_cells_were_timed_in_turn():
     assert "rounds a cell" not in render(before)
     now = before + [_row("gemm", "strict", shape, "rounds_in_turn", 3.0)]
     assert "cuBLAS is timed at torch's defaults, in turn with strict and batch_invariant_ops (3 rounds a cell" in render(now)
+
+
+def test_cold_weights_rotation_spans_three_l2s_of_distinct_equal_copies(monkeypatch):
+    """The GEMM cells are timed on rotating weight copies (kernels.cold_weights) so that no call finds its
+    weights in the L2: together at least L2_ROTATION L2s, each an equal copy in its own storage."""
+    import types
+
+    import torch
+
+    from rlkit.bench import kernels
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _d: types.SimpleNamespace(L2_cache_size=1000))
+    w = torch.randn(10, 5, dtype=torch.bfloat16)  # 100 bytes
+    copies = kernels.cold_weights(w)
+    assert len(copies) == 30 and copies[0] is w
+    assert all(torch.equal(c, w) for c in copies)
+    assert len({c.data_ptr() for c in copies}) == 30
+    big = torch.zeros(4000, dtype=torch.bfloat16)  # 8000 bytes: more than three L2s alone
+    assert len(kernels.cold_weights(big)) == 1
