@@ -1,5 +1,5 @@
 """Measured one-chain launches: per GPU model, the products of few rows whose fastest launch with the
-strict bits is a Triton tile the plan does not choose.
+strict bits is a Triton tile the plan does not choose (a swapped one, or a tiles one of few weight rows).
 
 Why a table and not a rule: a one-chain product (every GEMM under contract v6) cannot split K, so at a
 few rows which launch fills the SMs depends on the GPU's SM count and memory bandwidth: narrow weight
@@ -40,8 +40,10 @@ ROW_RANGES = ((1, 4), (5, 16), (17, 64))
 """The M ranges an entry may cover: those of `gemm.plan`'s small-M launches (at most 4, 16 and 64 rows),
 within each of which the weights stream once, so one measured M stands for the range."""
 
-LAUNCH_KEYS = {"kind", "BN", "BT", "BK", "num_warps", "num_stages"}
-"""What an entry's launch may set: a swapped-kernel launch (the one kernel whose tiles the tables choose)."""
+LAUNCH_KEYS = {"swapped": {"kind", "BN", "BT", "BK", "num_warps", "num_stages"},
+               "tiles": {"kind", "BM", "BN", "BK", "GROUP_M", "split", "num_warps", "num_stages"}}
+"""What an entry's launch may set, by kernel: a swapped launch (weights the MMA's row operand), or a
+tiles launch without split (the tokens the row operand, one program over a tile's whole K: one chain)."""
 
 
 class TableError(ValueError):
@@ -95,8 +97,10 @@ def _entry(raw: dict, where: str) -> Entry:
         raise TableError(f"{where}: k and n must be positive integers, got {k!r}, {n!r}")
     if dtype not in ("bfloat16", "float16"):
         raise TableError(f"{where}: dtype {dtype!r} (the tables cover bfloat16 and float16 products)")
-    if not isinstance(launch, dict) or launch.get("kind") != "swapped" or not set(launch) <= LAUNCH_KEYS:
-        raise TableError(f"{where}: launch {launch!r} must be a swapped-kernel launch with keys from {sorted(LAUNCH_KEYS)}")
+    keys = LAUNCH_KEYS.get(launch.get("kind")) if isinstance(launch, dict) else None
+    if keys is None or not set(launch) <= keys or launch.get("split", False):
+        raise TableError(f"{where}: launch {launch!r} must be a swapped or an unsplit tiles launch, with keys from "
+                         + "; ".join(f"{kind}: {sorted(k)}" for kind, k in LAUNCH_KEYS.items()))
     return Entry(k, n, rows, dtype, tuple(sorted(launch.items())))
 
 

@@ -49,8 +49,11 @@ def test_an_entry_covers_its_shape_dtype_and_row_range_only(tmp_path):
 
 @pytest.mark.parametrize("bad, message", [
     ({"rows": [1, 8]}, "rows [1, 8] is not one of"),
-    ({"launch": {"kind": "tma", "BM": 128, "BN": 128}}, "must be a swapped-kernel launch"),
-    ({"launch": dict(NARROW, split=True)}, "must be a swapped-kernel launch"),
+    ({"launch": {"kind": "tma", "BM": 128, "BN": 128}}, "must be a swapped or an unsplit tiles launch"),
+    ({"launch": dict(NARROW, split=True)}, "must be a swapped or an unsplit tiles launch"),
+    ({"launch": {"kind": "tiles", "BM": 64, "BN": 16, "GROUP_M": 8, "split": True, "num_warps": 4,
+                 "num_stages": 3}}, "must be a swapped or an unsplit tiles launch"),
+    ({"launch": ["swapped"]}, "must be a swapped or an unsplit tiles launch"),
     ({"dtype": "float32"}, "dtype 'float32'"),
     ({"k": -1}, "k and n must be positive integers"),
     ({"n": None}, "k and n must be positive integers"),
@@ -154,20 +157,28 @@ def test_the_cli_writes_a_table_the_launcher_loads(tmp_path, capsys):
     assert "cannot read" in capsys.readouterr().err
 
 
+TOKEN_PADDED = {"kind": "tiles", "BM": 64, "BN": 16, "BK": 256, "GROUP_M": 8, "split": False, "num_warps": 4,
+                "num_stages": 3}
+
+
 def test_the_compile_check_compiles_each_table_launch_for_its_arch(tmp_path, monkeypatch):
-    _table(tmp_path, [_entry()], arch="sm_90")
+    _table(tmp_path, [_entry(), _entry(rows=[5, 16], launch=dict(TOKEN_PADDED))], arch="sm_90")
     _table(tmp_path, [_entry(k=3072, n=1024)], device="Other GPU", arch="gfx942")
     monkeypatch.setattr(gemm_tuned, "TABLE_DIR", tmp_path)
     sm90 = next(t for t in TARGETS if t.arch == 90)
     calls = compile_plans.kernel_calls(sm90.traits, presets=["tiny"], ops=["gemm"],
                                        contracts=("qwen3-dense-strict-v6",))
-    measured = [c for c in calls if "gemm_tuned" in c.source]
-    assert len(measured) == 1, [c.source for c in calls]
-    call = measured[0]
+    measured = {c.kernel: c for c in calls if "gemm_tuned" in c.source}
+    assert sorted(measured) == ["_gemm_swapped_kernel", "_gemm_tiles_kernel"], [c.source for c in calls]
+    call = measured["_gemm_swapped_kernel"]
     assert call.kwargs["BN"] == 16 and call.kwargs["BK"] == 256 and call.kwargs["C"] == 1 and call.chosen
     assert "Test GPU 80GB K=6144 N=2048 M=1-4" in call.source
-    result = check_one(call, sm90)
-    assert result.error is None and result.metrics["registers"] > 0, result.error
+    tiles = measured["_gemm_tiles_kernel"]
+    assert tiles.kwargs["BM"] == 64 and tiles.kwargs["BK"] == 256 and not tiles.kwargs["SPLIT"]
+    assert "Test GPU 80GB K=6144 N=2048 M=5-16" in tiles.source
+    for c in (call, tiles):
+        result = check_one(c, sm90)
+        assert result.error is None and result.metrics["registers"] > 0, result.error
 
 
 def test_every_committed_table_loads_and_its_launches_compile_for_its_arch():
