@@ -39,6 +39,13 @@ TOKEN_PADDED = {f"tp{bn}k{bk}s{st}": dict(kind="tiles", BM=64, BN=bn, BK=bk, GRO
 row M - 1 from cache and are never stored), 16 or 32 weight rows its N side, so the narrow tile still
 issues warpgroup MMAs (m64n16k16 / m64n32k16) where the swapped 16-row tile issues mma.sync."""
 
+GLUON_ONE_CHAIN = {f"gl{bn}k{bk}s{st}": (dict(BM=64, BN=bn, num_stages=st, GROUP_M=8, num_warps=4), bk)
+                   for bn in (16, 32) for bk in (128, 256) for st in (4, 6) if (64 + bn) * bk * 2 * st <= 200 * 1024}
+"""Token-padded narrow tiles in Gluon (kernels/gemm_gluon.py at one chunk: one chain over K): TMA loads
+STAGES - 1 K steps ahead and the warpgroup MMAs left in flight, where Triton's tiles kernel loads with
+pointer loads. x is padded to 64 rows outside the timed call (a TMA box here never exceeds the tensor;
+a decode step's static input buffer could hold 64 rows). Not table launches: what the form is worth."""
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -51,7 +58,7 @@ def main() -> None:
     from rlkit.bench import gemm_tables
     from rlkit.bench.kernels import cold_graph_ms, cold_weights
     from rlkit.bitwise import compare
-    from rlkit.kernels import gemm, gemm_cublas
+    from rlkit.kernels import _triton, gemm, gemm_cublas, gemm_gluon
 
     v6, v5 = NumericsContract.named("qwen3-dense-strict-v6"), NumericsContract.named("qwen3-dense-strict-v5")
     device, commit = torch.cuda.get_device_name(), os.environ.get("RLKIT_COMMIT", "unknown")
@@ -67,6 +74,7 @@ def main() -> None:
         sink.flush()
 
     g = torch.Generator(device="cuda")
+    sms, opts = torch.cuda.get_device_properties(0).multi_processor_count, _triton.launch_options(v6)
     for model, layers in SHAPES.items():
         for layer, (k, n) in layers.items():
             w = (torch.randn(n, k, generator=g.manual_seed(2), device="cuda") * 0.02).bfloat16()
@@ -89,6 +97,15 @@ def main() -> None:
                         cands[name] = (lambda c: lambda wi: gemm.triton_partial(x, wi, v6, 1, torch.bfloat16, config=c,
                                                                                 row_parallel=True))(cfg)
                         put(name, shape, "launch:" + json.dumps(cfg, sort_keys=True), 1.0)
+                    if gemm_gluon.AVAILABLE:
+                        xp = torch.zeros(max(m, 64), k, device="cuda", dtype=x.dtype)
+                        xp[:m] = x
+                        for name, (cfg, bk) in GLUON_ONE_CHAIN.items():
+                            def run(wi, cfg=cfg, bk=bk, xp=xp, m=m):
+                                y = torch.empty(xp.shape[0], wi.shape[0], device="cuda", dtype=xp.dtype)
+                                gemm_gluon.launch(xp, wi, y, 1, xp.shape[1], bk, cfg, sms, opts)
+                                return y[:m]
+                            cands[name] = run
                 times = {}
                 weights = cold_weights(w)
                 for name, fn in cands.items():
@@ -106,7 +123,7 @@ def main() -> None:
                     fn(w)
                     times[name] = cold_graph_ms(fn, weights, rep=20) * 1000
                     put(name, shape, "us", times[name])
-                best = min((t, nm) for nm, t in times.items() if nm[:2] in ("sw", "nw", "tp") or nm == "triton plan")
+                best = min((t, nm) for nm, t in times.items() if nm[:2] in ("sw", "nw", "tp", "gl") or nm == "triton plan")
                 print(f"{shape:40s} v6 {times['v6 strict']:7.1f}  cublas {times['cublas in-process']:7.1f}  "
                       f"plan {times['triton plan']:7.1f}  best-triton {best[0]:7.1f} ({best[1]})  v5 {times['v5 strict']:7.1f}",
                       flush=True)
