@@ -15,7 +15,7 @@ Each at 1 program (the chain alone), one program an SM and two an SM (whether th
 programs' chains). ns a k16 step = median time / (steps x K / 16). Prints a table; rows to OUT.
 
     RLKIT_COMMIT=<sha> python3 lab/mma_chain_probe.py --out $W/chain
-    python lab/mma_chain_probe.py --compile-only     # on a CPU: compiles each variant for sm_90, prints SASS MMA ops
+    python lab/mma_chain_probe.py --compile-only     # on a CPU: compiles each variant for sm_90, prints its PTX MMA forms
 """
 
 from __future__ import annotations
@@ -110,10 +110,9 @@ def _launch(name: str, programs: int, a, b, y):
 
 
 def compile_only() -> None:
-    """Compile each variant for sm_90 here (no GPU needed) and print its SASS MMA instructions."""
+    """Compile each variant for sm_90 here (no GPU needed) and print its PTX MMA forms."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from triton.runtime.jit import MockTensor
 
     target = GPUTarget("cuda", 90, 32)
     for name, (kind, bn, bt, bk, warps, group) in VARIANTS.items():
@@ -139,7 +138,6 @@ def compile_only() -> None:
         ptx = compiled.asm["ptx"]
         ops = sorted(set(re.findall(r"(mma\.sync\.aligned\.\S+|wgmma\.mma_async\.\S+)", ptx)))
         print(f"{name}: {len(ops)} MMA forms {ops[:3]}, {ptx.count('wgmma.wait_group')} waits in the PTX")
-    del MockTensor
 
 
 def main() -> None:
