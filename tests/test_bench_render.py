@@ -265,3 +265,22 @@ def test_cold_weights_rotation_spans_three_l2s_of_distinct_equal_copies(monkeypa
     assert len({c.data_ptr() for c in copies}) == 30
     big = torch.zeros(4000, dtype=torch.bfloat16)  # 8000 bytes: more than three L2s alone
     assert len(kernels.cold_weights(big)) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gemm-layers", "o,mlp"], "unknown projection(s) mlp"),
+    (["--gemm-m", "1,x"], "expected positive integers"),
+    (["--gemm-m", "0"], "expected positive integers"),
+])
+def test_bad_gemm_selections_are_refused_before_any_gpu_work(args, message, capsys):
+    from rlkit.bench import kernels
+
+    with pytest.raises(SystemExit) as exit_:
+        kernels.main(args)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_gemm_layer_names_are_the_shapes_names():
+    from rlkit.bench import kernels
+
+    assert tuple(kernels.gemm_shapes("qwen3-0.6b")) == kernels.GEMM_LAYERS

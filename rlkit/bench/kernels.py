@@ -5,7 +5,8 @@ Writes long-format rows (op, impl, shape, metric, median, device, commit) to `be
 nothing here asserts, except that a candidate launch configuration timed with `tune=True` gives the
 same bits as the default one (a configuration that did not would be a bug, not a speed).
 
-    python -m rlkit.bench.kernels --out DIR [--quick] [--tune] [--markdown BENCHMARKS.md]
+    python -m rlkit.bench.kernels --out DIR [--quick] [--tune] [--parts gemm,...] [--gemm-layers o,down]
+                                  [--gemm-m 1,8,64] [--markdown BENCHMARKS.md]
     from rlkit.bench.kernels import main; main(["--out", "DIR"])   # what `rlkit bench kernels` calls
 
 Timing: triton.testing.do_bench medians (CUDA events; the L2 is flushed before every call, so the
@@ -90,6 +91,8 @@ def _randn(*shape, scale=1.0, dtype=torch.bfloat16, seed=0):
 
 # -- GEMM ---------------------------------------------------------------------------------------------
 GEMM_MODELS = ("qwen3-8b", "qwen3-1.7b", "qwen3-0.6b")
+GEMM_LAYERS = ("qkv", "o", "gate_up", "down", "lm_head")
+"""The projections of one layer `gemm_shapes` names (and --gemm-layers chooses from)."""
 
 
 def gemm_shapes(model: str) -> dict[str, tuple[int, int, bool]]:
@@ -920,10 +923,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default="gemm,attention,logprob,rowwise,engine")
     ap.add_argument("--peer", action="store_true",
                     help="serve native timings on stdin/stdout (the native peer a run starts at torch's defaults)")
+    ap.add_argument("--gemm-layers", default=None, metavar="L1,L2",
+                    help=f"GEMM part: only these projections ({','.join(GEMM_LAYERS)}); default all")
+    ap.add_argument("--gemm-m", default=None, metavar="M1,M2",
+                    help=f"GEMM part: only these token counts; default {','.join(map(str, GEMM_M))}")
     ap.add_argument("--markdown", default=None, help="also copy the rendered tables to this path")
     ap.add_argument("--render", nargs="+", metavar="ROWS.jsonl",
                     help="no GPU: render --markdown from these row files (committed runs, .jsonl or .jsonl.gz), in order")
     a = ap.parse_args(argv)
+    gemm_layers = gemm_ms = None
+    if a.gemm_layers:
+        gemm_layers = tuple(a.gemm_layers.split(","))
+        unknown = sorted(set(gemm_layers) - set(GEMM_LAYERS))
+        if unknown:
+            ap.error(f"--gemm-layers: unknown projection(s) {', '.join(unknown)}; choose from {', '.join(GEMM_LAYERS)}")
+    if a.gemm_m:
+        try:
+            gemm_ms = tuple(int(v) for v in a.gemm_m.split(","))
+        except ValueError:
+            gemm_ms = ()
+        if not gemm_ms or min(gemm_ms) < 1:
+            ap.error(f"--gemm-m: expected positive integers separated by commas, got {a.gemm_m!r}")
     if a.render:
         rows = [json.loads(line) for f in a.render for line in _read_rows_text(Path(f)).splitlines() if line.strip()]
         rows = [r for r in rows if r["op"] != "gemm" or not r["metric"].startswith(("plan", "same_bits"))]
@@ -942,7 +962,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("rlkit bench kernels needs a CUDA device")
         return 2
-    rows = run(a.out, quick=a.quick, tune=a.tune, parts=tuple(a.parts.split(",")))
+    rows = run(a.out, quick=a.quick, tune=a.tune, parts=tuple(a.parts.split(",")), gemm_layers=gemm_layers,
+               gemm_ms=gemm_ms)
     if a.markdown:  # the compile report (rlkit.bench.compile_targets) in the same file stays
         from rlkit.bench.compile_targets import keep_compile_report
 
