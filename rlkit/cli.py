@@ -528,7 +528,7 @@ def _cmd_report(args) -> int:
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks (write long-format rows, render BENCHMARKS.md)")
     p.add_argument("what", choices=["kernels"])
-    p.add_argument("rest", nargs="*", help="arguments passed to the benchmark")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark (its --help lists them)")
     p.set_defaults(func=_cmd_bench)
 
 

@@ -27,6 +27,8 @@ def rlkit(*args: str, cwd=None) -> subprocess.CompletedProcess:
     (["train"], "argument command: invalid choice: 'train'"),
     ([], "the following arguments are required: command"),
     (["report"], "the following arguments are required: run_dir"),
+    (["bench", "kernels", "--gemm-layers", "o,mlp"], "--gemm-layers: unknown projection(s) mlp"),
+    (["bench", "kernels", "--gemm-m", "1,x"], "--gemm-m: expected positive integers"),
 ])
 def test_argument_errors_are_one_line_exit_2(args, needle, tmp_path):
     res = rlkit(*args, cwd=tmp_path)

@@ -22,7 +22,6 @@ one runs cuBLAS without a workspace for the strict route.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import functools
 import itertools
@@ -916,7 +915,9 @@ def _read_rows_text(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="rlkit bench kernels", description=__doc__.splitlines()[0])
+    from rlkit.cli_args import Parser
+
+    ap = Parser(prog="rlkit bench kernels", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench-out", help="folder for bench.jsonl, bench.csv, BENCHMARKS.md")
     ap.add_argument("--quick", action="store_true", help="a few sizes only")
     ap.add_argument("--tune", action="store_true", help="also time candidate GEMM launch configurations")
