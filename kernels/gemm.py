@@ -485,6 +485,13 @@ def _k_step(cfg: dict, k_tile: int) -> int:
     return step
 
 
+def _chunk_step(cfg: dict, k_tile: int, k_chunk: int) -> int:
+    """The K step of a swapped or tiles launch: the launch's (`_k_step`) where the chunk is a whole number
+    of them, else the contract's (a short last step is masked)."""
+    step = _k_step(cfg, k_tile)
+    return step if k_chunk % step == 0 else k_tile
+
+
 def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract, out_dtype: torch.dtype,
             config: dict | None) -> tuple[torch.Tensor, list[_tr.Launch]]:
     """x @ w.T over `c` K chunks (K divisible by c), merged as the contract says, rounded to out_dtype."""
@@ -515,8 +522,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract
         grid = (_tr.cdiv(n, cfg["BN"]), c, _tr.cdiv(m, cfg["BT"]))
         ws = torch.empty(c * m * n if c > 1 else 1, dtype=torch.float32, device=x.device)
         cnt = _counters(x.device, grid[0] * grid[2])
-        step = _k_step(cfg, bk)
-        step = step if kc % step == 0 else bk
+        step = _chunk_step(cfg, bk, kc)
         compiled = _gemm_swapped_kernel[grid](x2, w, y, ws, cnt, m, n, kc, x2.stride(0), w.stride(0), y.stride(0),
                                               C=c, BN=cfg["BN"], BT=cfg["BT"], BK=step, EVEN_K=kc % step == 0,
                                               IEEE=ieee, FOLD=fold, num_warps=cfg["num_warps"],
@@ -568,8 +574,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract
         slab = m
         if split and c * m * n * 4 > WORKSPACE_BYTES:
             slab = max(cfg["BM"], WORKSPACE_BYTES // (c * n * 4) // cfg["BM"] * cfg["BM"])
-        step = _k_step(cfg, bk)
-        step = step if kc % step == 0 else bk
+        step = _chunk_step(cfg, bk, kc)
         for lo in range(0, m, slab):
             xs, ys = x2[lo : lo + slab], y[lo : lo + slab]
             ms = xs.shape[0]

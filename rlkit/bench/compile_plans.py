@@ -126,9 +126,7 @@ def _gemm_common(s: GemmShape, contract: NumericsContract) -> dict:
 def _gemm_swapped(cfg: dict, s: GemmShape, contract: NumericsContract):
     c = _gemm_common(s, contract)
     kc = s.k // s.chunks
-    step = gemm._k_step(cfg, c["BK"])  # as gemm._launch: the plan's K step where the chunk is whole steps of it
-    if kc % step:
-        step = c["BK"]
+    step = gemm._chunk_step(cfg, c["BK"], kc)  # as gemm._launch
     args = (_t(s.x_dtype), _t(s.x_dtype), _t(s.out_dtype), _t(torch.float32), _t(torch.int32),
             s.m, s.n, kc, s.k, s.k, s.n)
     kw = dict(C=c["C"], BN=cfg["BN"], BT=cfg["BT"], BK=step, EVEN_K=kc % step == 0, IEEE=c["IEEE"],
@@ -139,9 +137,7 @@ def _gemm_swapped(cfg: dict, s: GemmShape, contract: NumericsContract):
 def _gemm_tiles(cfg: dict, s: GemmShape, contract: NumericsContract):
     c = _gemm_common(s, contract)
     kc = s.k // s.chunks
-    step = gemm._k_step(cfg, c["BK"])  # as gemm._launch
-    if kc % step:
-        step = c["BK"]
+    step = gemm._chunk_step(cfg, c["BK"], kc)  # as gemm._launch
     args = (_t(s.x_dtype), _t(s.x_dtype), _t(s.out_dtype), _t(torch.float32), _t(torch.int32),
             s.m, s.n, kc, s.k, s.k, s.n)
     kw = dict(C=c["C"], SPLIT=bool(cfg["split"]) and s.chunks > 1, BM=cfg["BM"], BN=cfg["BN"], BK=step,

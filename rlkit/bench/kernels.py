@@ -101,8 +101,8 @@ def gemm_shapes(model: str) -> dict[str, tuple[int, int, bool]]:
     cfg = preset(model)
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
     h, i = cfg.hidden_size, cfg.intermediate_size
-    return {"qkv": (h, q + 2 * kv, False), "o": (q, h, True), "gate_up": (h, 2 * i, False),
-            "down": (i, h, True), "lm_head": (h, cfg.vocab_size, False)}
+    shapes = ((h, q + 2 * kv, False), (q, h, True), (h, 2 * i, False), (i, h, True), (h, cfg.vocab_size, False))
+    return dict(zip(GEMM_LAYERS, shapes, strict=True))
 
 
 
