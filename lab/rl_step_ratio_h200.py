@@ -12,7 +12,8 @@ Step shapes (rlkit.config.validation_0_6b with overrides; random weights, DAPO-M
 - validation: qwen3-0.6b shape, 2 prompts x 8 samples, 512-token responses (the 200-step validation run);
 - trainer-heavy: qwen3-1.7b shape, 2 x 8, 2k-token responses;
 - source: qwen3-0.6b shape, 8 prompts x 8 samples, responses up to 6,912 tokens (the source system's step
-  shape scaled to one H200);
+  shape scaled to one H200); the engine frees its KV cache while the trainer trains (`release_when_idle`),
+  so the step also fits an 80 GB card;
 - learning: issue 17's learning arm (rlkit.config.learning_0_6b: add9c, 16 x 16 samples decoded as one
   batch of 256) from seeded weights, 160-token responses (the warm-started arm writes ~157).
 
@@ -91,10 +92,13 @@ def step_shapes(dry_run: bool) -> dict:
             model="qwen3-1.7b", max_tokens=2048, optim=TRAINER_HEAVY_OPTIM,
             engine=EngineConfig(page_size=16, num_pages=4096, max_num_seqs=16, max_batch_tokens=4096,
                                 max_model_len=4096)),
+        # the KV cache holds every sequence's whole budget (64 x 8,192 / 16 pages: all 64 run at once) and
+        # is freed while the trainer trains, as a colocated vLLM sleeps: 60 GB of cache beside the trainer
+        # did not fit an 80 GB card (lab/LOG.md 2026-12-06, sessions 28 and 29)
         "source": validation_0_6b(
             prompts_per_step=8, samples_per_prompt=8, max_tokens=6912, optim=TRAINER_HEAVY_OPTIM,
-            engine=EngineConfig(page_size=16, num_pages=36864, max_num_seqs=64, max_batch_tokens=8192,
-                                max_model_len=8192)),
+            engine=EngineConfig(page_size=16, num_pages=32768, max_num_seqs=64, max_batch_tokens=8192,
+                                max_model_len=8192, release_when_idle=True)),
         # issue 17's learning arm (256 add9c samples a step, one decode batch of 256) from seeded weights,
         # not the warm start: responses run to max_tokens, 160 here, about the warm-started arm's 157
         "learning": learning_0_6b(heldout_every=0, max_tokens=160),

@@ -64,6 +64,12 @@ class EngineConfig:
     """On a CUDA device, replay decode steps from CUDA graphs (rlkit/rollout/decode_graphs.py); the
     bits are those of eager decode. Ignored on the CPU and for a tensor-parallel shard (collectives in
     a captured graph are not validated yet)."""
+    release_when_idle: bool = False
+    """Free the KV cache and the decode graphs each time a `generate`, `score` or `replay` call returns,
+    and allocate them again at the next call: a trainer in the same process (or on the same GPU) gets
+    that memory while it trains, as with vLLM's sleep mode, which discards its KV cache the same way.
+    Nothing is kept between calls (no request outlives one), so no bit moves; the price is a new
+    allocation each call and, on CUDA, capturing the decode graphs again."""
 
     def __post_init__(self) -> None:
         for name in ("page_size", "num_pages", "max_num_seqs", "max_batch_tokens", "max_model_len"):
@@ -146,12 +152,10 @@ class EmbeddedEngine:
         self.config = config or EngineConfig()
         self.engine_id = engine_id
         self.weight_version = weight_version
-        cfg = model.config
-        self.cache = PagedKVCache(cfg.num_hidden_layers, self.config.num_pages, self.config.page_size,
-                                  model.kv_heads, cfg.head_dim, cfg.torch_dtype, model.device)
-        self.graphs = None
-        if self.config.cuda_graphs and model.device.type == "cuda" and model.tp is None:
-            self.graphs = DecodeGraphs(model, self.cache, self.config.max_num_seqs, self.config.max_model_len)
+        self.cache: PagedKVCache | None = None
+        self.graphs: DecodeGraphs | None = None
+        if not self.config.release_when_idle:  # else at the first call
+            self._allocate()
         self._hookable = list(model.modules())
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
@@ -161,6 +165,36 @@ class EmbeddedEngine:
         self._groups_of: tuple | None = None
         """(the batch list, its sampling groups, its processed-logprob groups) of the last `_groups`."""
         self._ids = itertools.count()
+
+    # -- memory -----------------------------------------------------------------------------------
+    def _allocate(self) -> None:
+        """The KV cache and (on CUDA, unsharded) the decode graphs' holder, where they are not allocated."""
+        if self.cache is not None:
+            return
+        cfg, model = self.model.config, self.model
+        self.cache = PagedKVCache(cfg.num_hidden_layers, self.config.num_pages, self.config.page_size,
+                                  model.kv_heads, cfg.head_dim, cfg.torch_dtype, model.device)
+        if self.config.cuda_graphs and model.device.type == "cuda" and model.tp is None:
+            self.graphs = DecodeGraphs(model, self.cache, self.config.max_num_seqs, self.config.max_model_len)
+
+    def release(self) -> None:
+        """Free the KV cache and the decode graphs (and, on CUDA, hand the freed blocks back to the driver):
+        an idle engine then holds only its weights. The next `generate`, `score` or `replay` allocates
+        them again. Refused while requests are in flight (their K/V live in the cache)."""
+        if self.has_unfinished():
+            raise RuntimeError(f"{self.engine_id}: release() with requests in flight; run them to the end first")
+        self._drain()
+        self.cache, self.graphs, self._groups_of = None, None, None
+        if self.model.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    @property
+    def allocated(self) -> bool:
+        """Whether the KV cache is allocated (False after `release` until the next call)."""
+        return self.cache is not None
+
+    def _pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.config.page_size)
 
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, request: GenerationRequest) -> None:
@@ -190,8 +224,8 @@ class EmbeddedEngine:
             problem = f"sequence of {seq.budget} tokens exceeds max_model_len={self.config.max_model_len}"
         elif seq.forced is not None and not seq.forced:
             problem = "replay needs a non-empty response"
-        elif self.cache.pages_for(seq.budget) > self.config.num_pages:
-            problem = (f"needs {self.cache.pages_for(seq.budget)} KV pages (prompt {seq.prompt_len} + up to "
+        elif self._pages_for(seq.budget) > self.config.num_pages:
+            problem = (f"needs {self._pages_for(seq.budget)} KV pages (prompt {seq.prompt_len} + up to "
                        f"{seq.budget - seq.prompt_len} new tokens at page_size {self.config.page_size}); "
                        f"the cache has {self.config.num_pages}")
         if problem:
@@ -286,6 +320,7 @@ class EmbeddedEngine:
     @torch.no_grad()
     def step(self) -> list[GenerationResult]:
         """One scheduler step; returns the results that finished in it."""
+        self._allocate()
         with ops.use_contract(self.contract):
             if self._ahead is not None:  # read the step launched ahead (launching the next one first)
                 out, self._ahead = self._ahead, None
@@ -432,6 +467,8 @@ class EmbeddedEngine:
                 bar.update(len(finished))
         if bar is not None:
             bar.close()
+        if self.config.release_when_idle:
+            self.release()
         return out
 
     def generate(self, requests: Iterable[GenerationRequest], progress: bool = False) -> list[GenerationResult]:

@@ -62,3 +62,37 @@ def test_graph_decode_native_and_contract_switch():
     _, strict_eager = generate(model, NumericsContract.default(), False, reqs)
     for a, b in zip(strict_eager, strict):
         assert a.token_ids == b.token_ids and compare(torch.tensor(b.raw_logprobs), torch.tensor(a.raw_logprobs)).equal
+
+
+def test_release_when_idle_frees_the_cache_and_graphs_and_moves_no_bit():
+    """An engine that releases its KV cache and decode graphs when a call returns (`release_when_idle`, so
+    a colocated trainer gets the memory) hands the GPU memory back and decodes the next call, from newly
+    captured graphs, to the bits of an engine that keeps them."""
+    model = gpu_model("qwen3-0.6b")
+    contract = NumericsContract.default()
+    shape = dict(page_size=16, num_pages=1024, max_num_seqs=24, max_batch_tokens=1024, max_model_len=512)
+    keeping = EmbeddedEngine(model, contract, EngineConfig(**shape))
+    releasing = EmbeddedEngine(model, contract, EngineConfig(**shape, release_when_idle=True))
+    kv_bytes = sum(t.numel() * t.element_size() for t in keeping.cache.k + keeping.cache.v)
+    for call in range(2):
+        reqs = requests(8 + 4 * call)
+        kept = keeping.generate(reqs)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_reserved()
+        got = releasing.generate(reqs)
+        torch.cuda.synchronize()
+        after = torch.cuda.memory_reserved()
+        assert not releasing.allocated and releasing.graphs is None
+        assert after <= before + 1, f"call {call}: {after - before} bytes more reserved after the call returned"
+        for a, b in zip(kept, got):
+            assert a.token_ids == b.token_ids, f"call {call} {a.request_id}"
+            rep = compare(torch.tensor(b.raw_logprobs), torch.tensor(a.raw_logprobs))
+            assert rep.equal, f"call {call} {a.request_id}: {rep}"
+    releasing._allocate()
+    torch.cuda.synchronize()
+    grown = torch.cuda.memory_allocated()
+    releasing.release()
+    dropped = grown - torch.cuda.memory_allocated()
+    assert dropped >= kv_bytes, f"release freed {dropped} bytes, the KV cache is {kv_bytes}"
+    print(f"release_when_idle: 2 calls equal to a keeping engine; release frees {dropped / 2**20:.0f} MiB "
+          f"(KV {kv_bytes / 2**20:.0f} MiB)")

@@ -91,3 +91,34 @@ def test_load_weights_in_place_and_contract_switch(model):
     native = NumericsContract.default().with_ops(attention="native")
     engine.set_contract(native)
     assert engine.generate([r])[0].contract_fingerprint == native.fingerprint()
+
+
+def test_an_engine_released_between_calls_holds_no_cache_and_gives_the_same_bits(model):
+    """`release_when_idle`: the KV cache is freed when each call returns (a colocated trainer gets the
+    memory) and allocated again by the next; generate and score come out as an engine that keeps it."""
+    import weakref
+
+    shape = dict(max_num_seqs=3, max_batch_tokens=24, page_size=8, num_pages=64)
+    keeping = EmbeddedEngine(model, config=EngineConfig(**shape))
+    releasing = EmbeddedEngine(model, config=EngineConfig(**shape, release_when_idle=True))
+    assert not releasing.allocated, "a releasing engine allocates at its first call"
+    calls = [[req("p", 30, 9), req("q", 5, 14, temperature=0.7)], [req("r", 12, 7), req("s", 41, 3)]]
+    freed = []
+    for reqs in calls:
+        for r in reqs:
+            releasing.add_request(r)
+        done = {res.request_id: res for res in releasing.step()}  # one step in: the cache exists while
+        assert releasing.allocated  # requests are in flight ...
+        freed.append(weakref.ref(releasing.cache.k[0]))
+        with pytest.raises(RuntimeError, match="in flight"):
+            releasing.release()
+        done.update((res.request_id, res) for res in releasing.run_until_done())
+        assert not releasing.allocated and freed[-1]() is None, "... and is freed when the call returns"
+        for r, kept in zip(reqs, keeping.generate(reqs)):
+            got = done[r.request_id]
+            assert got.token_ids == kept.token_ids, r.request_id
+            assert_bitwise_equal(torch.tensor(got.raw_logprobs), torch.tensor(kept.raw_logprobs), r.request_id)
+    seqs = [list(r.prompt_ids) for r in calls[0]]
+    for got, kept in zip(releasing.score(seqs), keeping.score(seqs)):
+        assert_bitwise_equal(got, kept, "score after a release")
+    assert not releasing.allocated

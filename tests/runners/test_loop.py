@@ -272,3 +272,34 @@ def test_trainer_logprobs_reach_the_host_in_one_copy_unchanged():
     for a, b in zip(out, parts):
         assert_bitwise_equal(a, b.detach(), "host copy")
     assert logprobs_to_host([]) == []
+
+
+def test_a_run_whose_engine_releases_between_rollouts_is_the_same_run(tmp_path, monkeypatch):
+    """`EngineConfig.release_when_idle`: the engine's KV cache is freed after each rollout (and after the
+    locator's scoring, locate_every=1), so it is gone while the trainer trains; the run stores the same
+    records and weights as one that keeps the cache."""
+    import dataclasses
+
+    during_train = []
+    real = loop.make_runner
+
+    def watch(*args, **kwargs):
+        runner = real(*args, **kwargs)
+        train = runner.train_step
+        runner.train_step = lambda batch: (during_train.append(runner.engines[0].allocated), train(batch))[1]
+        return runner
+
+    monkeypatch.setattr(loop, "make_runner", watch)
+    base = small(steps=2, locate_every=1)
+    loop.run(tmp_path / "keep", base, progress=False).close()
+    kept = list(during_train)
+    during_train.clear()
+    released = base.replace(engine=dataclasses.replace(base.engine, release_when_idle=True))
+    loop.run(tmp_path / "release", released, progress=False).close()
+    assert kept == [True] * 2 and during_train == [False] * 2, (kept, during_train)
+    ref_store, ref_records = _records(tmp_path / "keep")
+    got_store, got_records = _records(tmp_path / "release")
+    assert len(got_records) == len(ref_records) > 0
+    for a, b in zip(got_records, ref_records):
+        assert not bitwise_differences(a, b), bitwise_differences(a, b)
+    assert [v.checksum for v in got_store.versions()] == [v.checksum for v in ref_store.versions()]
