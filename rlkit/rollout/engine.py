@@ -43,7 +43,7 @@ from rlkit.contract import NumericsContract
 from rlkit.model.checkpoint import weights_checksum
 from rlkit.model.qwen3 import ForwardBatch, Qwen3ForCausalLM
 from rlkit.rollout.decode_graphs import DecodeGraphs
-from rlkit.rollout.kv_cache import PagedKVCache
+from rlkit.rollout.kv_cache import PagedKVCache, pages_for
 from rlkit.rollout.sampling import request_generator, sample_token_ids
 from rlkit.rollout.types import GenerationRequest, GenerationResult
 from rlkit.types import AttentionLayout
@@ -193,9 +193,6 @@ class EmbeddedEngine:
         """Whether the KV cache is allocated (False after `release` until the next call)."""
         return self.cache is not None
 
-    def _pages_for(self, tokens: int) -> int:
-        return -(-tokens // self.config.page_size)
-
     # -- requests ---------------------------------------------------------------------------------
     def add_request(self, request: GenerationRequest) -> None:
         seq = self._new_sequence(request, list(request.prompt_ids),
@@ -224,8 +221,8 @@ class EmbeddedEngine:
             problem = f"sequence of {seq.budget} tokens exceeds max_model_len={self.config.max_model_len}"
         elif seq.forced is not None and not seq.forced:
             problem = "replay needs a non-empty response"
-        elif self._pages_for(seq.budget) > self.config.num_pages:
-            problem = (f"needs {self._pages_for(seq.budget)} KV pages (prompt {seq.prompt_len} + up to "
+        elif (need := pages_for(seq.budget, self.config.page_size)) > self.config.num_pages:
+            problem = (f"needs {need} KV pages (prompt {seq.prompt_len} + up to "
                        f"{seq.budget - seq.prompt_len} new tokens at page_size {self.config.page_size}); "
                        f"the cache has {self.config.num_pages}")
         if problem:

@@ -14,6 +14,11 @@ class OutOfPages(RuntimeError):
     pass
 
 
+def pages_for(tokens: int, page_size: int) -> int:
+    """Pages that hold `tokens` positions."""
+    return -(-tokens // page_size)
+
+
 class BlockAllocator:
     def __init__(self, num_pages: int):
         if num_pages < 1:
@@ -56,4 +61,4 @@ class PagedKVCache:
         self.v[index].view(-1, *v.shape[1:])[slot_mapping] = v
 
     def pages_for(self, tokens: int) -> int:
-        return -(-tokens // self.page_size)
+        return pages_for(tokens, self.page_size)

@@ -275,9 +275,8 @@ def test_trainer_logprobs_reach_the_host_in_one_copy_unchanged():
 
 
 def test_a_run_whose_engine_releases_between_rollouts_is_the_same_run(tmp_path, monkeypatch):
-    """`EngineConfig.release_when_idle`: the engine's KV cache is freed after each rollout (and after the
-    locator's scoring, locate_every=1), so it is gone while the trainer trains; the run stores the same
-    records and weights as one that keeps the cache."""
+    """`EngineConfig.release_when_idle`: the engine's KV cache is freed after each rollout, so it is gone
+    while the trainer trains; the run stores the same records and weights as one that keeps the cache."""
     import dataclasses
 
     during_train = []
@@ -290,7 +289,7 @@ def test_a_run_whose_engine_releases_between_rollouts_is_the_same_run(tmp_path, 
         return runner
 
     monkeypatch.setattr(loop, "make_runner", watch)
-    base = small(steps=2, locate_every=1)
+    base = small(steps=2)
     loop.run(tmp_path / "keep", base, progress=False).close()
     kept = list(during_train)
     during_train.clear()
