@@ -5,6 +5,8 @@
 # RLKIT_COMMIT must come from this side: the device's copy of .git can name an older commit than the tree it
 # holds (seen 2026-12-01: HEAD read the last landed commit while the tree was four commits newer).
 set -u
+# .thirdparty/data is a link here and links do not travel: point it at the carried copy (session 34).
+[ -e .thirdparty/data ] || ln -sfn $PWD/.thirdparty/device/data2 .thirdparty/data
 W=/tmp/w; mkdir -p $W; export W PYTHONUNBUFFERED=1 RLKIT_DATA=$PWD/.thirdparty/data
 export RLKIT_BATCH_INVARIANT_OPS=$PWD/.thirdparty/tm RLKIT_COMMIT=${RLKIT_COMMIT:-unknown}
 python3 -m pip install -q --no-deps --no-build-isolation -e . > $W/install.log 2>&1 || { echo "install failed"; tail $W/install.log; }

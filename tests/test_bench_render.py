@@ -143,6 +143,17 @@ def test_a_peer_that_cannot_start_leaves_the_benchmark_on_this_process_native(mo
     assert "no native peer at torch's defaults" in said and "needs a CUDA device" in said, said
 
 
+def test_full_shas_render_as_short_ones_and_rows_of_one_commit_stay_together():
+    full = "d48f567d90aa2144665d7d7878fdc86a1d92a8f5"
+    rows = [_row("rl_step", "strict/native", "source", "step_s", 0.94, full),
+            _row("rl_step", "strict/native", "source", "rollout_s", 0.92, "d48f567"),
+            _row("gemm", "strict", "m1", "ratio_vs_native", 1.0, full + "+table")]
+    text = render(rows)
+    assert full[:8] not in text, text
+    assert "| source | two runs | **strict/native** | 0.94 | 0.92 | - | - |  |  | d48f567 |" in text, text
+    assert "Commits: d48f567 (rl_step); d48f567+table (gemm)." in text, text
+
+
 def test_rms_norm_rows_render_under_their_kernel_whatever_their_file_called_the_op():
     """bench_rowwise names a row's op after the kernel (rms_norm); files written up to 92b9c6a
     named it after the shape ("rms_norm+residual"), and their RMSNorm table was never drawn."""

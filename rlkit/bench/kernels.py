@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from rlkit.bench.gemm_candidates import NARROW_ONE_CHAIN, TUNE_CONFIGS
 from rlkit.bench.native_peer import NativePeer, PeerError, environment_at_defaults, serve
-from rlkit.bench.provenance import commit
+from rlkit.bench.provenance import commit, short
 
 GEMM_M = (1, 8, 64, 256, 1024, 4096, 8192)
 GEMM_ROUNDS = 3
@@ -750,7 +750,7 @@ def render(rows: list[dict]) -> str:
     """BENCHMARKS.md from the rows: each table only reads them."""
     if not rows:
         return "# Benchmarks\n\nNo rows.\n"
-    rows = [dict(r, op=RENAMED_OPS[r["op"]]) if r["op"] in RENAMED_OPS else r for r in rows]
+    rows = [dict(r, op=RENAMED_OPS.get(r["op"], r["op"]), commit=short(r["commit"])) for r in rows]
     dev = rows[0]["device"]
     by_commit: dict[str, list[str]] = {}
     for r in rows:  # rows of several runs (a part re-run after its kernels changed) name their commits

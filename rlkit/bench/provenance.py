@@ -4,6 +4,7 @@ its .git, as on the lent GPU), else `git rev-parse --short HEAD`, else "unknown"
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -16,3 +17,9 @@ def commit(cwd: str | Path | None = None) -> str:
                               check=True).stdout.strip() or "unknown"
     except Exception:  # noqa: BLE001 - no git where the tree was copied
         return "unknown"
+
+
+def short(sha: str) -> str:
+    """A commit as tables show it: a full 40-hex sha cut to git's 7 ("d48f567d90...+table" -> "d48f567+table");
+    short shas and "unknown" unchanged."""
+    return re.sub(r"^([0-9a-f]{7})[0-9a-f]{33}", r"\1", sha)
