@@ -61,10 +61,11 @@ decode positions fused and split, and both prefills, against the masked kernel).
 UNMASKED_FULL_SPLIT = False
 """Whether the split-parallel decode (few sequences: a sequence's splits in programs of their own) runs
 the whole blocks without masks too. No: in the same H200 run as UNMASKED_FULL's numbers (6e92a98,
-lab/bench/h200-2026-12-01-v5/{bench,attention-unmasked}-6e92a98.jsonl), against the native control's
-paged decode, masked / unmasked: B = 1 ctx 1k 3.01 / 1.31, ctx 8k 1.08 / 0.72; B = 16 ctx 1k 1.19 / 1.18,
-ctx 8k 0.81 / 0.79 (a split is 256 positions, so a tile sees few whole blocks and the unmasked branch
-costs more than it saves). The same bits either way (tests/gpu: every decode position, both forms)."""
+lab/bench/h200-2026-12-01-v5/bench-6e92a98.jsonl.gz and attention-unmasked-6e92a98.jsonl), against the
+native control's paged decode, masked / unmasked: B = 1 ctx 1k 3.01 / 1.31, ctx 8k 1.08 / 0.72; B = 16 ctx
+1k 1.19 / 1.18, ctx 8k 0.81 / 0.79 (a split is 256 positions, so a tile sees few whole blocks and the
+unmasked branch costs more than it saves). The same bits either way (tests/gpu: every decode position,
+both forms)."""
 MAX_SLOTS = 8
 """Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
 
