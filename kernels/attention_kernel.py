@@ -66,6 +66,10 @@ native control's paged decode, masked / unmasked: B = 1 ctx 1k 3.01 / 1.31, ctx 
 1k 1.19 / 1.18, ctx 8k 0.81 / 0.79 (a split is 256 positions, so a tile sees few whole blocks and the
 unmasked branch costs more than it saves). The same bits either way (tests/gpu: every decode position,
 both forms)."""
+LONGEST_FIRST = False
+"""Whether a prefill plan lists its query tiles longest first (the most visible keys first): under a causal
+mask a tile's work grows with its position, and the SMs take programs in grid order, so the longest ones
+launched last leave a tail. Only the order programs start in changes; each writes rows of its own."""
 MAX_SLOTS = 8
 """Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
 
@@ -326,15 +330,18 @@ def tile_for(contract: NumericsContract, decode: bool, group: int) -> tuple[int,
 
 def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContract, mode: str | None = None,
                    tile: tuple[int, int] | None = None, stages: int | None = None,
-                   unmasked_full: bool | None = None):
+                   unmasked_full: bool | None = None, longest_first: bool | None = None):
     """Host-side preparation of a launch (tile map, split count, strides): reusable while the layout is.
     `tile` (rows, warps): None = `tile_for(contract, ...)`; the benchmarks, the tests (every tile gives
     the same bits under v4) and the native control's paged decode pass their own. `stages`: the
     software pipeline's depth over the key blocks (None: Triton's default); it moves no bit.
     `unmasked_full`: run the key blocks a tile sees whole without masks (None: UNMASKED_FULL, or
-    UNMASKED_FULL_SPLIT in the split-parallel decode); it moves no bit either (`_block_step`)."""
+    UNMASKED_FULL_SPLIT in the split-parallel decode); it moves no bit either (`_block_step`).
+    `longest_first`: the order of a prefill's tiles (None: LONGEST_FIRST); no bit either."""
+    if longest_first is None:
+        longest_first = LONGEST_FIRST
     key = (tuple(q_shape), tuple(k.shape), tuple(k.stride()), contract.attention, mode, str(k.device), tile, stages,
-           unmasked_full if unmasked_full is not None else (UNMASKED_FULL, UNMASKED_FULL_SPLIT))
+           unmasked_full if unmasked_full is not None else (UNMASKED_FULL, UNMASKED_FULL_SPLIT), longest_first)
     hit = _PLAN_CACHE.get(layout)
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -357,12 +364,13 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
         tile_q0 = torch.zeros(tiles, dtype=torch.int32, device=dev)
     else:
         starts = layout.query_start.tolist()
-        seqs, q0s, max_splits = [], [], 1
+        order = []  # (last position, sequence, first query) of every tile
         for i, (n, st) in enumerate(zip(q_lens, starts)):
-            for q0 in range(0, n, bq):
-                seqs.append(i)
-                q0s.append(q0)
-                max_splits = max(max_splits, (st + min(q0 + bq, n) - 1) // spec.split_size + 1)
+            order += [(st + min(q0 + bq, n) - 1, i, q0) for q0 in range(0, n, bq)]
+        if longest_first:
+            order.sort(key=lambda tile_: -tile_[0])
+        seqs, q0s = [i for _, i, _ in order], [q0 for _, _, q0 in order]
+        max_splits = max((last // spec.split_size + 1 for last, _, _ in order), default=1)
         tiles = len(seqs)
         tile_seq = torch.tensor(seqs, dtype=torch.int32, device=dev) if seqs else None
         tile_q0 = torch.tensor(q0s, dtype=torch.int32, device=dev) if seqs else None
@@ -392,6 +400,7 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
     if unmasked_full is None:
         unmasked_full = UNMASKED_FULL_SPLIT if mode == "split" else UNMASKED_FULL
     plan["unmasked_full"] = unmasked_full
+    plan["longest_first"] = longest_first
     _PLAN_CACHE[layout] = (key, plan)
     return plan
 

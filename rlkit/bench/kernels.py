@@ -288,6 +288,11 @@ ATTENTION_PREFILL_TILES = ((64, 4), (64, 8), (128, 4), (128, 8))
 default's bits: tests/gpu/test_kernels_gpu.py::test_attention_every_decode_position_equals_prefill)."""
 
 
+DECODE_TUNE = (((16, 4), 2), ((16, 4), 3), ((16, 4), 4), ((16, 4), 5), ((16, 2), 3), ((16, 8), 3), ((32, 4), 3))
+"""Decode plans (tile, pipeline stages) timed with --tune beside the default plan: under v4 neither moves a
+bit (tests/gpu/test_kernels_gpu.py::test_attention_every_decode_position_equals_prefill)."""
+
+
 def _attention_contracts():
     """Contracts timed beside the default with --tune: v3 (one 64-row tile, the pairwise merge, 32-key
     blocks), v4 with 32-key blocks (what v4's 64-key blocks gain) and with longer splits (fewer restarts of
@@ -345,6 +350,13 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
             name = "unmasked" if uplan["unmasked_full"] else "masked"
             rec.add("attention_tune", name, shape, "ratio_vs_native", t_nat / t)
             rec.add("attention_tune", name, shape, "same_bits", float(same))
+        if tune:  # the tiles in the other order (longest first or in position order; the same bits)
+            oplan = attention.attention_plan(q.shape, k, lay, c, longest_first=not plan["longest_first"])
+            same = torch.equal(attention.launch(oplan, q, k, v, c)[0], attention.launch(plan, q, k, v, c)[0])
+            t = _bench(lambda: attention.launch(oplan, q, k, v, c))
+            name = "longest_first" if oplan["longest_first"] else "in_order"
+            rec.add("attention_tune", name, shape, "ratio_vs_native", t_nat / t)
+            rec.add("attention_tune", name, shape, "same_bits", float(same))
         for name, oc in others.items():
             oplan = attention.attention_plan(q.shape, k, lay, oc)
             t = _bench(lambda: attention.launch(oplan, q, k, v, oc))
@@ -396,6 +408,13 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
                 same = torch.equal(attention.launch(uplan, q, kc, vc, c)[0], attention.launch(plan, q, kc, vc, c)[0])
                 t = _bench(lambda: attention.launch(uplan, q, kc, vc, c))
                 name = "unmasked" if uplan["unmasked_full"] else "masked"
+                rec.add("attention_tune", name, shape, "ratio_vs_native_paged", t_paged / t)
+                rec.add("attention_tune", name, shape, "same_bits", float(same))
+            for tile, stages in DECODE_TUNE if tune else ():  # plans only: the same bits (checked here too)
+                dplan = attention.attention_plan(q.shape, kc, lay, c, plan["mode"], tile=tile, stages=stages)
+                same = torch.equal(attention.launch(dplan, q, kc, vc, c)[0], attention.launch(plan, q, kc, vc, c)[0])
+                t = _bench(lambda: attention.launch(dplan, q, kc, vc, c))
+                name = f"tile{tile[0]}x{tile[1]}_stages{stages}"
                 rec.add("attention_tune", name, shape, "ratio_vs_native_paged", t_paged / t)
                 rec.add("attention_tune", name, shape, "same_bits", float(same))
             del kc, vc, kg, vg

@@ -210,6 +210,29 @@ def test_plan_runs_whole_blocks_unmasked_except_in_the_split_decode():
     assert attention.attention_plan(dq.shape, pages, decode, c, mode="split", unmasked_full=True)["unmasked_full"]
 
 
+def test_longest_first_plans_list_the_same_tiles_most_visible_keys_first():
+    """A prefill plan may list its query tiles longest first (the SMs then start the causal mask's longest
+    programs first): the same (sequence, first query) tiles, sorted by their last position, descending;
+    in position order otherwise. A chunked prefill's offset counts (its tiles see the earlier keys)."""
+    c = NumericsContract.default()
+    q, pages = torch.randn(300, 32, 16), torch.randn(64, 16, 8, 16)
+    layout = AttentionLayout.paged(torch.tensor([100, 200]), torch.tensor([600, 200]),
+                                   torch.arange(2 * 40).reshape(2, 40) % 64)  # the first a chunk from 500
+    k = pages
+    plain = attention.attention_plan(q.shape, k, layout, c, longest_first=False)
+    first = attention.attention_plan(q.shape, k, layout, c, longest_first=True)
+    tiles = lambda p: list(zip(p["tile_seq"].tolist(), p["tile_q0"].tolist()))  # noqa: E731
+    bq = attention.PREFILL_TILE[0] // 4
+    assert tiles(plain) == [(0, q0) for q0 in range(0, 100, bq)] + [(1, q0) for q0 in range(0, 200, bq)]
+    starts = layout.query_start.tolist()
+    lens = (layout.cu_seqlens_q[1:] - layout.cu_seqlens_q[:-1]).tolist()
+    last = [starts[s] + min(q0 + bq, lens[s]) - 1 for s, q0 in tiles(first)]
+    assert sorted(tiles(first)) == sorted(tiles(plain)) and last == sorted(last, reverse=True), tiles(first)
+    assert (first["max_splits"], first["tiles"]) == (plain["max_splits"], plain["tiles"])
+    assert plain["longest_first"] is False and first["longest_first"] is True
+    assert attention.attention_plan(q.shape, k, layout, c)["longest_first"] is attention_kernel.LONGEST_FIRST
+
+
 def test_paged_key_rows_pack_each_sequences_keys_in_position_order():
     """The native paged prefill's gather (one index_select over the flattened cache): segment i of the
     packed keys is sequence i's keys at positions 0..context-1, the values `gather_keys` reads page by

@@ -484,6 +484,9 @@ def test_attention_modes_layouts_and_pages_agree(version, unmasked_full):
     assert_bitwise_equal(attention.triton_attention(q, k, v, lay, contract, mode="split"), out, "split vs fused")
     alone = attention.triton_attention(*a, AttentionLayout.prefill(torch.tensor([0, 150])), contract)
     assert_bitwise_equal(out[37:], alone, "packed beside a neighbour vs alone")
+    for longest_first in (False, True):  # the order programs start in moves no bit
+        plan = attention.attention_plan(q.shape, k, lay, contract, "fused", longest_first=longest_first)
+        assert_bitwise_equal(attention.launch(plan, q, k, v, contract)[0], out, f"longest first {longest_first}")
     page, pages = 8, torch.randperm(40, generator=gen)
     kc = torch.full((40, page, KVH, D), float("nan"))
     vc = kc.clone()
