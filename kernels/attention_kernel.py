@@ -31,7 +31,7 @@ from rlkit.types import AttentionLayout
 # that is neither is the block's sum of p: under v1-v3 it is a row reduction whose order follows the
 # tile's register layout, so every mode runs the same tile (BLOCK_M x block_size, NUM_WARPS); under v4
 # (`row_sum = "tensor_core"`) it is p times a column of ones on the matrix unit (its row max is exact:
-# every column holds the same sum), so the plan picks the tile per mode: 16 rows and 4 warps for a decode
+# every column holds the same sum), so the plan picks the tile per mode: 16 rows and 2 warps for a decode
 # batch, PREFILL_TILE otherwise. Decode with few programs computes the split states in parallel (MODE
 # 1, one program per split, states stored in fp32) and merges them in a second launch (MODE 2) with the
 # same @jit merge code: an fp32 store/load is exact, so the merge sees the same values. FMA fusion is
@@ -45,9 +45,12 @@ BLOCK_M = 64
 NUM_WARPS = 8
 """Two warpgroups share the 64 x head_dim accumulator (32 fp32 registers a thread per split state), so
 the split-tree stack of a 16k-token prefill (7 states) stays mostly in registers."""
-DECODE_TILE = (16, 4)
-"""v4, a decode batch (one query a sequence): 16 rows (a KV head's query group, padded) and 4 warps, a
-quarter of the prefill tile's registers; the SMs stream keys instead of idling on padding rows."""
+DECODE_TILE = (16, 2)
+"""v4, a decode batch (one query a sequence): 16 rows (a KV head's query group, padded) and 2 warps; the SMs
+stream keys instead of idling on padding rows. Measured on an H100 against 4 and 8 warps, 32 rows and 2-5
+pipeline stages (lab/LOG.md 2026-12-07 session 35, `--parts attention --tune`): against the native
+control's paged decode at 16 x 4, 1.07 (B = 16 ctx 8k), 1.33 / 1.28 (B = 64 ctx 1k / 8k) for 16 x 2 where
+16 x 4 gave 0.90 / 1.13 / 1.10; the same bits in every shape."""
 PREFILL_TILE = (128, 8)
 """v4, every other batch (prefill, chunked prefill, decode beside a prefill chunk): (rows, warps). Measured
 on the H200 against 64x4, 64x8 and 128x4 (lab/LOG.md 2026-12-01 session 3): 128 rows, two warpgroups."""
@@ -66,10 +69,12 @@ native control's paged decode, masked / unmasked: B = 1 ctx 1k 3.01 / 1.31, ctx 
 1k 1.19 / 1.18, ctx 8k 0.81 / 0.79 (a split is 256 positions, so a tile sees few whole blocks and the
 unmasked branch costs more than it saves). The same bits either way (tests/gpu: every decode position,
 both forms)."""
-LONGEST_FIRST = False
+LONGEST_FIRST = True
 """Whether a prefill plan lists its query tiles longest first (the most visible keys first): under a causal
 mask a tile's work grows with its position, and the SMs take programs in grid order, so the longest ones
-launched last leave a tail. Only the order programs start in changes; each writes rows of its own."""
+launched last leave a tail. Only the order programs start in changes; each writes rows of its own.
+Measured on an H100 (lab/LOG.md 2026-12-07 session 35): 0.92 / 0.96 / 0.85 of SDPA flash at S = 1k / 4k /
+16k against 0.87 / 0.83 / 0.82 in position order, the same bits."""
 MAX_SLOTS = 8
 """Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
 

@@ -205,7 +205,8 @@ def _native_decode(q, k, v, layout: AttentionLayout) -> torch.Tensor:
 
 
 NATIVE_DECODE_TILE = DECODE_TILE
-"""The native control's decode tile: 16 rows (a KV head's query group, padded), 4 warps."""
+"""The native control's decode tile: the strict decode's (16 rows, a KV head's query group padded, and 2
+warps), so the two differ only in the row sum; `native_paged_decode(tile=...)` times others."""
 _NATIVE_DECODE_SCHEDULE = NumericsContract().replace(
     attention=dataclasses.replace(NumericsContract().attention, row_sum="tile_reduce"))
 """Split and block sizes of the native paged decode (the default contract's: 512 / 64 positions), its split states folded in
@@ -213,7 +214,7 @@ order, its row sums a plain row reduction (what a serving engine's flash-decodin
 contract -- the native control's bits answer to nothing."""
 
 
-def native_paged_decode(q, k, v, layout: AttentionLayout) -> torch.Tensor:
+def native_paged_decode(q, k, v, layout: AttentionLayout, tile: tuple[int, int] | None = None) -> torch.Tensor:
     """The native control for paged decode on CUDA: split-K flash-decoding straight off the page table,
     as a serving engine's paged kernel runs it (this module's online-softmax kernel with a 16-row, 4-warp
     tile, splits in parallel when the batch leaves SMs idle, merged in a second launch), its row sums a
@@ -223,7 +224,7 @@ def native_paged_decode(q, k, v, layout: AttentionLayout) -> torch.Tensor:
     if k.stride(-1) != 1 or v.stride() != k.stride():
         k, v = k.contiguous(), v.contiguous()
     q = q if q.stride(-1) == 1 else q.contiguous()
-    plan = attention_plan(q.shape, k, layout, _NATIVE_DECODE_SCHEDULE, tile=NATIVE_DECODE_TILE)
+    plan = attention_plan(q.shape, k, layout, _NATIVE_DECODE_SCHEDULE, tile=tile or NATIVE_DECODE_TILE)
     if plan["nslots"] > MAX_SLOTS:
         return _native_decode(q, k, v, layout)
     return launch(plan, q, k, v, _NATIVE_DECODE_SCHEDULE)[0]

@@ -293,6 +293,11 @@ DECODE_TUNE = (((16, 4), 2), ((16, 4), 3), ((16, 4), 4), ((16, 4), 5), ((16, 2),
 bit (tests/gpu/test_kernels_gpu.py::test_attention_every_decode_position_equals_prefill)."""
 
 
+NATIVE_DECODE_TUNE = ((16, 2), (16, 4), (16, 8))
+"""The native control's paged decode timed at these tiles with --tune beside its own (an honest control is
+at its fastest too)."""
+
+
 def _attention_contracts():
     """Contracts timed beside the default with --tune: v3 (one 64-row tile, the pairwise merge, 32-key
     blocks), v4 with 32-key blocks (what v4's 64-key blocks gain) and with longer splits (fewer restarts of
@@ -410,6 +415,11 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
                 name = "unmasked" if uplan["unmasked_full"] else "masked"
                 rec.add("attention_tune", name, shape, "ratio_vs_native_paged", t_paged / t)
                 rec.add("attention_tune", name, shape, "same_bits", float(same))
+            for tile in NATIVE_DECODE_TUNE if tune else ():  # is the native control at its fastest tile?
+                t = _bench(lambda: attention.native_paged_decode(q, kc, vc, lay, tile=tile))
+                rec.add("attention_tune", f"native_paged_tile{tile[0]}x{tile[1]}", shape, "ms", t)
+                rec.add("attention_tune", f"native_paged_tile{tile[0]}x{tile[1]}", shape, "speed_vs_native_paged",
+                        t_paged / t)
             for tile, stages in DECODE_TUNE if tune else ():  # plans only: the same bits (checked here too)
                 dplan = attention.attention_plan(q.shape, kc, lay, c, plan["mode"], tile=tile, stages=stages)
                 same = torch.equal(attention.launch(dplan, q, kc, vc, c)[0], attention.launch(plan, q, kc, vc, c)[0])

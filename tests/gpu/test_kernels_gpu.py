@@ -443,12 +443,13 @@ def test_attention_every_decode_position_equals_prefill(contract, group):
     full = {sid: attention.triton_attention(q, k, v, AttentionLayout.prefill(torch.tensor([0, len(q)], device=DEV)),
                                             contract) for sid, (q, k, v) in seqs.items()}
     if contract is C:
-        for tile in ((16, 4), (32, 4), (64, 4), (64, 8)):
+        for tile in ((16, 2), (16, 4), (32, 4), (64, 4), (64, 8), (128, 8)):
             for sid, (q, k, v) in seqs.items():
                 lay = AttentionLayout.prefill(torch.tensor([0, len(q)], device=DEV))
-                plan = attention.attention_plan(q.shape, k, lay, contract, tile=tile)
-                assert_bitwise_equal(attention.launch(plan, q, k, v, contract)[0], full[sid],
-                                     f"prefill tile {tile} vs the default tile ({sid})")
+                for longest_first in (False, True):  # the tiles' start order
+                    plan = attention.attention_plan(q.shape, k, lay, contract, tile=tile, longest_first=longest_first)
+                    assert_bitwise_equal(attention.launch(plan, q, k, v, contract)[0], full[sid],
+                                         f"prefill tile {tile} (longest first {longest_first}) vs the default ({sid})")
     rows = [(sid, p) for sid, (q, _, _) in seqs.items() for p in range(len(q))]
     width = max(len(t) for t in cache.tables.values())
     bt = torch.tensor([cache.tables[sid] + [0] * (width - len(cache.tables[sid])) for sid, _ in rows], device=DEV)
@@ -466,6 +467,10 @@ def test_attention_every_decode_position_equals_prefill(contract, group):
             plan = attention.attention_plan(q.shape, cache.k, lay, contract, mode, unmasked_full=unmasked)
             assert_bitwise_equal(attention.launch(plan, q, cache.k, cache.v, contract)[0], want,
                                  f"{len(rows)} decode positions ({mode}, unmasked full blocks {unmasked}) vs prefill")
+        for tile in ((16, 2), (16, 4), (16, 8)) if contract is C else ():  # decode tiles a plan may take
+            plan = attention.attention_plan(q.shape, cache.k, lay, contract, mode, tile=tile)
+            assert_bitwise_equal(attention.launch(plan, q, cache.k, cache.v, contract)[0], want,
+                                 f"{len(rows)} decode positions ({mode}, tile {tile}) vs prefill")
     for sid, (sq, sk, sv) in seqs.items():
         lay = AttentionLayout.prefill(torch.tensor([0, len(sq)], device=DEV))
         for unmasked in (False, True):
