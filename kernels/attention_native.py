@@ -216,8 +216,8 @@ contract -- the native control's bits answer to nothing."""
 
 def native_paged_decode(q, k, v, layout: AttentionLayout, tile: tuple[int, int] | None = None) -> torch.Tensor:
     """The native control for paged decode on CUDA: split-K flash-decoding straight off the page table,
-    as a serving engine's paged kernel runs it (this module's online-softmax kernel with a 16-row, 4-warp
-    tile, splits in parallel when the batch leaves SMs idle, merged in a second launch), its row sums a
+    as a serving engine's paged kernel runs it (this module's online-softmax kernel with the strict
+    decode's tile, splits in parallel when the batch leaves SMs idle, merged in a second launch), its row sums a
     plain row reduction, so its bits differ from prefill's (measured: lab/LOG.md 2026-12-01); no host
     sync, so decode graphs capture it. The masked SDPA over the whole block table (`_native_decode`) stays
     for CPUs and for what this kernel does not cover."""

@@ -215,10 +215,9 @@ def test_longest_first_plans_list_the_same_tiles_most_visible_keys_first():
     programs first): the same (sequence, first query) tiles, sorted by their last position, descending;
     in position order otherwise. A chunked prefill's offset counts (its tiles see the earlier keys)."""
     c = NumericsContract.default()
-    q, pages = torch.randn(300, 32, 16), torch.randn(64, 16, 8, 16)
+    q, k = torch.randn(300, 32, 16), torch.randn(64, 16, 8, 16)  # k: 64 pages of 16 positions
     layout = AttentionLayout.paged(torch.tensor([100, 200]), torch.tensor([600, 200]),
                                    torch.arange(2 * 40).reshape(2, 40) % 64)  # the first a chunk from 500
-    k = pages
     plain = attention.attention_plan(q.shape, k, layout, c, longest_first=False)
     first = attention.attention_plan(q.shape, k, layout, c, longest_first=True)
     tiles = lambda p: list(zip(p["tile_seq"].tolist(), p["tile_q0"].tolist()))  # noqa: E731
