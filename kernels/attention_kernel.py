@@ -70,11 +70,13 @@ native control's paged decode, masked / unmasked: B = 1 ctx 1k 3.01 / 1.31, ctx 
 unmasked branch costs more than it saves). The same bits either way (tests/gpu: every decode position,
 both forms)."""
 LONGEST_FIRST = True
-"""Whether a prefill plan lists its query tiles longest first (the most visible keys first): under a causal
-mask a tile's work grows with its position, and the SMs take programs in grid order, so the longest ones
-launched last leave a tail. Only the order programs start in changes; each writes rows of its own.
-Measured on an H100 (lab/LOG.md 2026-12-07 session 35): 0.92 / 0.96 / 0.85 of SDPA flash at S = 1k / 4k /
-16k against 0.87 / 0.83 / 0.82 in position order, the same bits."""
+"""Whether a prefill plan lists each sequence's query tiles longest first (the most visible keys first):
+under a causal mask a tile's work grows with its position, and the SMs take programs in grid order, so
+the longest ones launched last leave a tail. Sequences keep their order, so programs running together
+read one sequence's keys (sorted across a packed batch they would read all of them at once). Only the
+order programs start in changes; each writes rows of its own. Measured on an H100 (lab/LOG.md 2026-12-07
+session 35): 0.92 / 0.96 / 0.85 of SDPA flash at S = 1k / 4k / 16k against 0.87 / 0.83 / 0.82 in
+position order, the same bits."""
 MAX_SLOTS = 8
 """Stack depth: 2^8 - 1 splits = 65,280 positions at split 256 (Qwen3's context is 40,960)."""
 
@@ -342,7 +344,7 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
     software pipeline's depth over the key blocks (None: Triton's default); it moves no bit.
     `unmasked_full`: run the key blocks a tile sees whole without masks (None: UNMASKED_FULL, or
     UNMASKED_FULL_SPLIT in the split-parallel decode); it moves no bit either (`_block_step`).
-    `longest_first`: the order of a prefill's tiles (None: LONGEST_FIRST); no bit either."""
+    `longest_first`: each sequence's tiles last to first (None: LONGEST_FIRST); no bit either."""
     if longest_first is None:
         longest_first = LONGEST_FIRST
     key = (tuple(q_shape), tuple(k.shape), tuple(k.stride()), contract.attention, mode, str(k.device), tile, stages,
@@ -369,11 +371,10 @@ def attention_plan(q_shape, k, layout: AttentionLayout, contract: NumericsContra
         tile_q0 = torch.zeros(tiles, dtype=torch.int32, device=dev)
     else:
         starts = layout.query_start.tolist()
-        order = []  # (last position, sequence, first query) of every tile
+        order = []  # (last position, sequence, first query) of every tile, sequence by sequence
         for i, (n, st) in enumerate(zip(q_lens, starts)):
-            order += [(st + min(q0 + bq, n) - 1, i, q0) for q0 in range(0, n, bq)]
-        if longest_first:
-            order.sort(key=lambda tile_: -tile_[0])
+            firsts = range(0, n, bq)
+            order += [(st + min(q0 + bq, n) - 1, i, q0) for q0 in (reversed(firsts) if longest_first else firsts)]
         seqs, q0s = [i for _, i, _ in order], [q0 for _, _, q0 in order]
         max_splits = max((last // spec.split_size + 1 for last, _, _ in order), default=1)
         tiles = len(seqs)

@@ -211,9 +211,9 @@ def test_plan_runs_whole_blocks_unmasked_except_in_the_split_decode():
 
 
 def test_longest_first_plans_list_the_same_tiles_most_visible_keys_first():
-    """A prefill plan may list its query tiles longest first (the SMs then start the causal mask's longest
-    programs first): the same (sequence, first query) tiles, sorted by their last position, descending;
-    in position order otherwise. A chunked prefill's offset counts (its tiles see the earlier keys)."""
+    """A prefill plan may list each sequence's query tiles longest first (the SMs then start the causal
+    mask's longest programs first): the same (sequence, first query) tiles, sequences in order, each one's
+    by last position, descending; in position order otherwise."""
     c = NumericsContract.default()
     q, k = torch.randn(300, 32, 16), torch.randn(64, 16, 8, 16)  # k: 64 pages of 16 positions
     layout = AttentionLayout.paged(torch.tensor([100, 200]), torch.tensor([600, 200]),
@@ -225,8 +225,11 @@ def test_longest_first_plans_list_the_same_tiles_most_visible_keys_first():
     assert tiles(plain) == [(0, q0) for q0 in range(0, 100, bq)] + [(1, q0) for q0 in range(0, 200, bq)]
     starts = layout.query_start.tolist()
     lens = (layout.cu_seqlens_q[1:] - layout.cu_seqlens_q[:-1]).tolist()
-    last = [starts[s] + min(q0 + bq, lens[s]) - 1 for s, q0 in tiles(first)]
-    assert sorted(tiles(first)) == sorted(tiles(plain)) and last == sorted(last, reverse=True), tiles(first)
+    assert [s for s, _ in tiles(first)] == [s for s, _ in tiles(plain)], tiles(first)  # sequences in order
+    for seq in (0, 1):
+        last = [starts[s] + min(q0 + bq, lens[s]) - 1 for s, q0 in tiles(first) if s == seq]
+        assert last == sorted(last, reverse=True) and len(set(last)) == len(last), (seq, last)
+    assert sorted(tiles(first)) == sorted(tiles(plain))
     assert (first["max_splits"], first["tiles"]) == (plain["max_splits"], plain["tiles"])
     assert plain["longest_first"] is False and first["longest_first"] is True
     assert attention.attention_plan(q.shape, k, layout, c)["longest_first"] is attention_kernel.LONGEST_FIRST
