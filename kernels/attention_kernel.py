@@ -50,7 +50,8 @@ DECODE_TILE = (16, 2)
 stream keys instead of idling on padding rows. Measured on an H100 against 4 and 8 warps, 32 rows and 2-5
 pipeline stages (lab/LOG.md 2026-12-07 session 35, `--parts attention --tune`): against the native
 control's paged decode at 16 x 4, 1.07 (B = 16 ctx 8k), 1.33 / 1.28 (B = 64 ctx 1k / 8k) for 16 x 2 where
-16 x 4 gave 0.90 / 1.13 / 1.10; the same bits in every shape."""
+16 x 4 gave 0.90 / 1.13 / 1.10; the same bits in every shape. The native control then takes the same tile
+(kernels/attention_native.py), and strict reads 0.99-1.01 of it."""
 PREFILL_TILE = (128, 8)
 """v4, every other batch (prefill, chunked prefill, decode beside a prefill chunk): (rows, warps). Measured
 on the H200 against 64x4, 64x8 and 128x4 (lab/LOG.md 2026-12-01 session 3): 128 rows, two warpgroups."""
