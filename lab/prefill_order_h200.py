@@ -16,10 +16,9 @@ import json
 from pathlib import Path
 
 import torch
-from triton.testing import do_bench
 
 from rlkit import NumericsContract
-from rlkit.bench.kernels import ATTENTION_BACKWARD_SHAPES
+from rlkit.bench.kernels import ATTENTION_BACKWARD_SHAPES, _bench
 from rlkit.bench.provenance import commit
 from rlkit.kernels import attention
 from rlkit.types import AttentionLayout
@@ -64,13 +63,13 @@ def main() -> int:
         cu = torch.tensor([0] + lens, device="cuda").cumsum(0)
         lay = AttentionLayout.prefill(cu)
         plans = {"in_order": attention.attention_plan(q.shape, k, lay, c, longest_first=False)}
-        plans["longest_first_by_sequence"] = dict(attention.attention_plan(q.shape, k, lay, c, longest_first=True))
+        plans["longest_first_by_sequence"] = attention.attention_plan(q.shape, k, lay, c, longest_first=True)
         plans["longest_first_across_sequences"] = sorted_across_sequences(plans["in_order"], lay, heads // kv_heads)
         ref = attention.launch(plans["in_order"], q, k, v, c)[0]
-        times = {"native_varlen_flash": do_bench(lambda: attention.native(q, k, v, lay), rep=200)}
+        times = {"native_varlen_flash": _bench(lambda: attention.native(q, k, v, lay), rep=200)}
         for impl, plan in plans.items():
             same = torch.equal(attention.launch(plan, q, k, v, c)[0], ref)
-            times[impl] = do_bench(lambda: attention.launch(plan, q, k, v, c), rep=200)
+            times[impl] = _bench(lambda: attention.launch(plan, q, k, v, c), rep=200)
             rows.append(dict(op="attention_order", impl=impl, shape=name, metric="same_bits", median=float(same)))
         for impl, ms in times.items():
             rows.append(dict(op="attention_order", impl=impl, shape=name, metric="ms", median=ms))

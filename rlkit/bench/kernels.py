@@ -298,6 +298,18 @@ NATIVE_DECODE_TUNE = ((16, 2), (16, 4), (16, 8))
 at its fastest too)."""
 
 
+def _tune_attention_plan(rec: Recorder, name: str, shape: str, metric: str, t_ref: float, plan: dict,
+                         other: dict, q, k, v, contract) -> None:
+    """--tune: `other`, a plan of the same contract (tile, stages, masking, tile order: none moves a bit),
+    timed against `t_ref` (the ratio as `metric`) and checked bit for bit against `plan`."""
+    from rlkit.kernels import attention
+
+    same = torch.equal(attention.launch(other, q, k, v, contract)[0], attention.launch(plan, q, k, v, contract)[0])
+    t = _bench(lambda: attention.launch(other, q, k, v, contract))
+    rec.add("attention_tune", name, shape, metric, t_ref / t)
+    rec.add("attention_tune", name, shape, "same_bits", float(same))
+
+
 def _attention_contracts():
     """Contracts timed beside the default with --tune: v3 (one 64-row tile, the pairwise merge, 32-key
     blocks), v4 with 32-key blocks (what v4's 64-key blocks gain) and with longer splits (fewer restarts of
@@ -348,20 +360,13 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
             splan = attention.attention_plan(q.shape, k, lay, c, stages=stages)
             t = _bench(lambda: attention.launch(splan, q, k, v, c))
             rec.add("attention_tune", f"stages{stages}", shape, "ratio_vs_native", t_nat / t)
-        if tune:  # the key blocks a tile sees whole without masks (the same bits: checked here too)
+        if tune:  # the other masking form of the whole key blocks, and the tiles in the other order
             uplan = attention.attention_plan(q.shape, k, lay, c, plan["mode"], unmasked_full=not plan["unmasked_full"])
-            same = torch.equal(attention.launch(uplan, q, k, v, c)[0], attention.launch(plan, q, k, v, c)[0])
-            t = _bench(lambda: attention.launch(uplan, q, k, v, c))
-            name = "unmasked" if uplan["unmasked_full"] else "masked"
-            rec.add("attention_tune", name, shape, "ratio_vs_native", t_nat / t)
-            rec.add("attention_tune", name, shape, "same_bits", float(same))
-        if tune:  # the tiles in the other order (longest first or in position order; the same bits)
+            _tune_attention_plan(rec, "unmasked" if uplan["unmasked_full"] else "masked", shape, "ratio_vs_native",
+                                 t_nat, plan, uplan, q, k, v, c)
             oplan = attention.attention_plan(q.shape, k, lay, c, longest_first=not plan["longest_first"])
-            same = torch.equal(attention.launch(oplan, q, k, v, c)[0], attention.launch(plan, q, k, v, c)[0])
-            t = _bench(lambda: attention.launch(oplan, q, k, v, c))
-            name = "longest_first" if oplan["longest_first"] else "in_order"
-            rec.add("attention_tune", name, shape, "ratio_vs_native", t_nat / t)
-            rec.add("attention_tune", name, shape, "same_bits", float(same))
+            _tune_attention_plan(rec, "longest_first" if oplan["longest_first"] else "in_order", shape,
+                                 "ratio_vs_native", t_nat, plan, oplan, q, k, v, c)
         for name, oc in others.items():
             oplan = attention.attention_plan(q.shape, k, lay, oc)
             t = _bench(lambda: attention.launch(oplan, q, k, v, oc))
@@ -410,23 +415,17 @@ def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 
             if tune:
                 uplan = attention.attention_plan(q.shape, kc, lay, c, plan["mode"],
                                                  unmasked_full=not plan["unmasked_full"])
-                same = torch.equal(attention.launch(uplan, q, kc, vc, c)[0], attention.launch(plan, q, kc, vc, c)[0])
-                t = _bench(lambda: attention.launch(uplan, q, kc, vc, c))
-                name = "unmasked" if uplan["unmasked_full"] else "masked"
-                rec.add("attention_tune", name, shape, "ratio_vs_native_paged", t_paged / t)
-                rec.add("attention_tune", name, shape, "same_bits", float(same))
+                _tune_attention_plan(rec, "unmasked" if uplan["unmasked_full"] else "masked", shape,
+                                     "ratio_vs_native_paged", t_paged, plan, uplan, q, kc, vc, c)
             for tile in NATIVE_DECODE_TUNE if tune else ():  # is the native control at its fastest tile?
                 t = _bench(lambda: attention.native_paged_decode(q, kc, vc, lay, tile=tile))
                 rec.add("attention_tune", f"native_paged_tile{tile[0]}x{tile[1]}", shape, "ms", t)
                 rec.add("attention_tune", f"native_paged_tile{tile[0]}x{tile[1]}", shape, "speed_vs_native_paged",
                         t_paged / t)
-            for tile, stages in DECODE_TUNE if tune else ():  # plans only: the same bits (checked here too)
+            for tile, stages in DECODE_TUNE if tune else ():
                 dplan = attention.attention_plan(q.shape, kc, lay, c, plan["mode"], tile=tile, stages=stages)
-                same = torch.equal(attention.launch(dplan, q, kc, vc, c)[0], attention.launch(plan, q, kc, vc, c)[0])
-                t = _bench(lambda: attention.launch(dplan, q, kc, vc, c))
-                name = f"tile{tile[0]}x{tile[1]}_stages{stages}"
-                rec.add("attention_tune", name, shape, "ratio_vs_native_paged", t_paged / t)
-                rec.add("attention_tune", name, shape, "same_bits", float(same))
+                _tune_attention_plan(rec, f"tile{tile[0]}x{tile[1]}_stages{stages}", shape, "ratio_vs_native_paged",
+                                     t_paged, plan, dplan, q, kc, vc, c)
             del kc, vc, kg, vg
     for mode, ln in compiled.items():
         rec.add("attention", f"strict_{mode}", "last compiled", "registers", ln.registers)
