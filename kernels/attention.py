@@ -45,7 +45,8 @@ from rlkit.kernels.attention_kernel import (  # noqa: F401 - the op's names, as 
     tile_for)
 from rlkit.kernels.attention_layout import OP, check_inputs, gather_keys, host_bounds  # noqa: F401
 from rlkit.kernels.attention_native import (  # noqa: F401
-    NATIVE_DECODE_TILE, native, native_forward, native_paged_decode, native_varlen_prefill, varlen_prefill_ok)
+    NATIVE_DECODE_TILE, flash_backward, flash_stats_buffer, native, native_forward, native_paged_decode,
+    native_varlen_prefill, varlen_prefill_ok)
 from rlkit.kernels.determinism import deterministic_algorithms
 from rlkit.kernels.tree import pairwise_reduce, pairwise_sum_dim
 from rlkit.types import AttentionLayout
@@ -150,33 +151,54 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Attenti
     return torch.cat([out[i, : q_lens[i]] for i in range(n)]).to(q.dtype)
 
 
-def triton_attention(q, k, v, layout: AttentionLayout, contract: NumericsContract, mode: str | None = None):
+def triton_attention(q, k, v, layout: AttentionLayout, contract: NumericsContract, mode: str | None = None,
+                     lse: torch.Tensor | None = None):
     """The Triton strict attention. mode: None (chosen: split-parallel for decode batches too small to
-    fill the GPU, else one pass), "fused" or "split"; all give the same bits."""
+    fill the GPU, else one pass), "fused" or "split"; all give the same bits. `lse`: an fp32 [token,
+    head] tensor (any strides) the kernel also writes each row's log-sum-exp into; the output's bits are
+    the same either way. Returns the output, or (output, whether lse was written) when lse is given (a
+    split stack deeper than MAX_SLOTS runs the reference, which writes none)."""
     check_inputs(q, k, v, layout)
     if k.stride(-1) != 1 or v.stride() != k.stride():
         k, v = k.contiguous(), v.contiguous()
     q = q if q.stride(-1) == 1 else q.contiguous()
     plan = attention_plan(q.shape, k, layout, contract, mode)
     if plan["nslots"] > MAX_SLOTS:  # longer than the unrolled stack: the reference keeps the contract
-        return reference(q, k, v, layout, contract)
-    return launch(plan, q, k, v, contract)[0]
+        out = reference(q, k, v, layout, contract)
+        return out if lse is None else (out, False)
+    out = launch(plan, q, k, v, contract, lse=lse)[0]
+    return out if lse is None else (out, True)
 
 
 class _StrictAttention(torch.autograd.Function):
-    """Forward: the strict attention (Triton on CUDA, the reference elsewhere). Backward: native's (its
-    forward recomputed under autograd, its backward under deterministic algorithms, as `native`'s)."""
+    """Forward: the strict attention (Triton on CUDA, the reference elsewhere). Backward: native's, that
+    is FlashAttention's varlen backward under deterministic algorithms. Where flash can take the strict
+    forward's own output and log-sum-exp (a trainer's packed prefill on CUDA: `flash_stats_buffer`),
+    it runs from them (`flash_backward`); elsewhere native's forward is recomputed under autograd and its
+    backward run, as `native`'s. Either way the gradients are not the contract's (only forwards are
+    compared); the first form saves a flash forward a layer, the cost of a recompute."""
 
     @staticmethod
     def forward(ctx, q, k, v, layout, contract):
-        ctx.save_for_backward(q, k, v)
         ctx.layout = layout
+        ctx.from_stats = False
         if _tr.on_gpu(q, k, v) and gpu_supported(q, k, contract):
-            return triton_attention(q, k, v, layout, contract)
+            buffers = flash_stats_buffer(q, k, layout)
+            if buffers is None:
+                ctx.save_for_backward(q, k, v)
+                return triton_attention(q, k, v, layout, contract)
+            out, written = triton_attention(q, k, v, layout, contract, lse=buffers[1])
+            ctx.from_stats = written
+            ctx.save_for_backward(q, k, v, out, buffers[0]) if written else ctx.save_for_backward(q, k, v)
+            return out
+        ctx.save_for_backward(q, k, v)
         return reference(q, k, v, layout, contract)
 
     @staticmethod
     def backward(ctx, go):
+        if ctx.from_stats:
+            q, k, v, out, stats = ctx.saved_tensors
+            return (*flash_backward(go, q, k, v, out, stats, ctx.layout), None, None)
         q, k, v = ctx.saved_tensors
         with torch.enable_grad():
             qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))

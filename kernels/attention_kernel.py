@@ -210,17 +210,20 @@ def _split_state(q, pos, first_pos, s, last_pos, seq, kvh, ctx, k_ptr, v_ptr, k_
     return m, l, acc
 
 
-@jit(do_not_specialize=["stride_bt", "MAXS"])
-def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, wsm_ptr, wsa_ptr, tile_seq_ptr, tile_q0_ptr, cu_q_ptr,
+@jit(do_not_specialize=["stride_bt", "MAXS", "stride_lt", "stride_lh"])
+def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, wsm_ptr, wsa_ptr, lse_ptr, tile_seq_ptr, tile_q0_ptr, cu_q_ptr,
                  qstart_ptr, ctx_ptr, cu_k_ptr, bt_ptr, stride_qt, stride_qh, stride_kt, stride_ks,
-                 stride_kh, stride_bt, page, H, MAXS, scale,
+                 stride_kh, stride_bt, stride_lt, stride_lh, page, H, MAXS, scale,
                  GROUP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
                  D: tl.constexpr, PAGED: tl.constexpr, NSLOTS: tl.constexpr, MODE: tl.constexpr,
                  IEEE: tl.constexpr, ROW_SUM_MMA: tl.constexpr, SEQ_MERGE: tl.constexpr,
-                 UNMASKED_FULL: tl.constexpr):
+                 UNMASKED_FULL: tl.constexpr, STORE_LSE: tl.constexpr):
     """MODE 0: all splits and their merge in one program; 1: split program_id(2) only, state to the
     workspace; 2: the merge over the workspace's states. SEQ_MERGE: fold in split order (NSLOTS 0),
-    else the pairwise tree through NSLOTS stack slots. UNMASKED_FULL: see `_split_state`."""
+    else the pairwise tree through NSLOTS stack slots. UNMASKED_FULL: see `_split_state`. STORE_LSE:
+    also write each row's log-sum-exp of its scaled scores (m + log l, fp32) at lse_ptr + token *
+    stride_lt + head * stride_lh, for a backward that takes the forward's statistics (kernels/attention.py);
+    the output's arithmetic is the same either way."""
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     seq = tl.load(tile_seq_ptr + tile)
@@ -318,6 +321,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, wsm_ptr, wsa_ptr, tile_seq_ptr, til
         out = tl.math.div_rn(fa, fl[:, None] + tl.zeros_like(fa))
         tl.store(o_ptr + (tok * H + head)[:, None] * D + ds[None, :], out.to(o_ptr.dtype.element_ty),
                  mask=row_ok[:, None])
+        if STORE_LSE:
+            tl.store(lse_ptr + tok * stride_lt + head * stride_lh, fm + tl.log(fl), mask=row_ok)
 
 
 _PLAN_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -423,8 +428,11 @@ def kernel_meta(plan: dict, contract: NumericsContract, dtype: torch.dtype) -> d
                 **_tr.launch_options(contract))
 
 
-def launch(plan: dict, q, k, v, contract: NumericsContract) -> tuple[torch.Tensor, list[_tr.Launch]]:
-    """Run a prepared launch (the benchmarks time this alone): the output and what was launched."""
+def launch(plan: dict, q, k, v, contract: NumericsContract,
+           lse: torch.Tensor | None = None) -> tuple[torch.Tensor, list[_tr.Launch]]:
+    """Run a prepared launch (the benchmarks time this alone): the output and what was launched.
+    `lse`: an fp32 tensor indexed [token, head] (any strides) to also receive each row's log-sum-exp
+    (STORE_LSE); the output's bits are the same with or without it."""
     t, heads, d = q.shape
     out = torch.empty(t, heads, d, dtype=q.dtype, device=q.device)
     launches: list[_tr.Launch] = []
@@ -432,22 +440,24 @@ def launch(plan: dict, q, k, v, contract: NumericsContract) -> tuple[torch.Tenso
         return out, launches
     page, stride_kt, stride_ks, stride_kh, stride_bt = plan["k_strides"]
     bm, warps = plan["block_m"], plan["num_warps"]
-    common = kernel_meta(plan, contract, q.dtype)
+    common = dict(kernel_meta(plan, contract, q.dtype), STORE_LSE=lse is not None)
+    dummy = out.new_empty(1, dtype=torch.float32)
+    lse_ptr, lse_strides = (lse, lse.stride()) if lse is not None else (dummy, (0, 0))
     args = (plan["tile_seq"], plan["tile_q0"], plan["cu_q"], plan["qstart"], plan["ctx"], plan["cu_k"], plan["bt"],
-            q.stride(0), q.stride(1), stride_kt, stride_ks, stride_kh, stride_bt, page, heads,
+            q.stride(0), q.stride(1), stride_kt, stride_ks, stride_kh, stride_bt, *lse_strides, page, heads,
             plan["max_splits"], float(d ** -0.5))
     grid = (plan["tiles"], plan["kv_heads"])
     if plan["mode"] == "fused":
-        dummy = out.new_empty(1, dtype=torch.float32)
-        compiled = _attn_kernel[grid](q, k, v, out, dummy, dummy, *args, MODE=0, **common)
+        compiled = _attn_kernel[grid](q, k, v, out, dummy, dummy, lse_ptr, *args, MODE=0, **common)
         launches.append(_tr.Launch("fused", dict(grid=grid, BM=bm, num_warps=warps), compiled))
     else:
         wsm = torch.empty(t * heads * plan["max_splits"] * 2, dtype=torch.float32, device=q.device)
         wsa = torch.empty(t * heads * plan["max_splits"] * d, dtype=torch.float32, device=q.device)
-        compiled = _attn_kernel[grid + (plan["max_splits"],)](q, k, v, out, wsm, wsa, *args, MODE=1, **common)
+        compiled = _attn_kernel[grid + (plan["max_splits"],)](q, k, v, out, wsm, wsa, lse_ptr, *args, MODE=1,
+                                                              **common)
         launches.append(_tr.Launch("split", dict(grid=grid + (plan["max_splits"],), BM=bm, num_warps=warps),
                                    compiled))
-        compiled = _attn_kernel[grid](q, k, v, out, wsm, wsa, *args, MODE=2, **common)
+        compiled = _attn_kernel[grid](q, k, v, out, wsm, wsa, lse_ptr, *args, MODE=2, **common)
         launches.append(_tr.Launch("merge", dict(grid=grid, BM=bm, num_warps=warps), compiled))
     return out, launches
 

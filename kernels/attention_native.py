@@ -175,6 +175,85 @@ def _paged_key_rows(layout: AttentionLayout, page: int, bounds: dict[str, list[i
 _VARLEN = _varlen_attn()
 
 
+def flash_stats_buffer(q: torch.Tensor, k: torch.Tensor, layout: AttentionLayout):
+    """Where a forward can leave each row's log-sum-exp so that FlashAttention's varlen backward takes it
+    in place of its own forward's (`flash_backward`): (stats, rows) -- an empty fp32 tensor in the shape and
+    memory order this torch's flash kernel keeps it, and the same memory viewed as [token, head] for the
+    forward to write -- or None where that backward cannot serve this call (not CUDA fp16/bf16, keys not
+    packed from position 0, or this torch's flash op refused the probe `_flash_lse_order`)."""
+    if not (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)) or layout.paged_keys or layout.one_query_per_seq:
+        return None
+    if any(host_bounds(layout)["query_start"]):
+        return None
+    order = _flash_lse_order(q.device, q.dtype, q.shape[1], k.shape[-2], q.shape[-1])
+    if order is None:
+        return None
+    t, heads = q.shape[0], q.shape[1]
+    if order == "heads_tokens":
+        stats = torch.empty(heads, t, dtype=torch.float32, device=q.device)
+        return stats, stats.t()
+    stats = torch.empty(t, heads, dtype=torch.float32, device=q.device)
+    return stats, stats
+
+
+def flash_backward(go, q, k, v, out, stats, layout: AttentionLayout):
+    """FlashAttention's varlen backward (its deterministic form: kernels/determinism.py) from a forward's
+    output and log-sum-exp (the `stats` of a `flash_stats_buffer` the forward filled), without running
+    flash's forward again: (dq, dk, dv). GQA as flash takes it (dk, dv in the KV heads)."""
+    bounds = host_bounds(layout)
+    cu = layout.cu_seqlens_q.to(device=q.device, dtype=torch.int32)
+    longest = max((b - a for a, b in zip(bounds["cu_q"], bounds["cu_q"][1:])), default=0)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    with deterministic_algorithms():
+        return _flash_bwd(go.contiguous(), q, k, v, out, stats, cu, longest)
+
+
+def _flash_bwd(go, q, k, v, out, stats, cu, longest):
+    unused = torch.empty(0, dtype=torch.int64, device=q.device)
+    dq, dk, dv = torch.ops.aten._flash_attention_backward(go, q, k, v, out, stats, cu, cu, longest, longest, 0.0, True,
+                                                          unused, unused, scale=q.shape[-1] ** -0.5)
+    return dq, dk, dv
+
+
+_LSE_ORDER: dict[tuple, str | None] = {}
+"""(device, dtype, heads, kv heads, head dim) -> "heads_tokens", "tokens_heads" or None (`_flash_lse_order`)."""
+
+
+def _flash_lse_order(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, d: int) -> str | None:
+    """How this torch's varlen flash forward lays out its log-sum-exp ([heads, tokens] or [tokens, heads]),
+    read once from a two-sequence probe of this head shape, whose backward is then run from that
+    log-sum-exp too; None (with a warning) where either op refuses it or the layout is neither."""
+    key = (str(device), dtype, heads, kv_heads, d)
+    if key in _LSE_ORDER:
+        return _LSE_ORDER[key]
+    gen = torch.Generator(device=device).manual_seed(5)
+    lens, t = (3, 2), 5
+    q = torch.randn(t, heads, d, generator=gen, device=device).to(dtype)
+    k = torch.randn(t, kv_heads, d, generator=gen, device=device).to(dtype)
+    v = torch.randn(t, kv_heads, d, generator=gen, device=device).to(dtype)
+    cu = torch.tensor([0, lens[0], t], dtype=torch.int32, device=device)
+    order = None
+    try:
+        out, lse = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max(lens), max(lens), 0.0, True, False,
+                                                          scale=d ** -0.5)[:2]
+        if tuple(lse.shape) == (heads, t):
+            order = "heads_tokens"
+        elif tuple(lse.shape) == (t, heads):
+            order = "tokens_heads"
+        if order is not None:
+            with deterministic_algorithms():
+                grads = _flash_bwd(torch.ones_like(out), q, k, v, out, lse, cu, max(lens))
+            if tuple(grads[1].shape) != tuple(k.shape):
+                order = None
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
+        warnings.warn(f"strict attention's backward: this torch's varlen flash refused the log-sum-exp probe "
+                      f"({type(e).__name__}: {e}); the backward recomputes the native forward", RuntimeWarning,
+                      stacklevel=3)
+        order = None
+    _LSE_ORDER[key] = order
+    return order
+
+
 def _varlen_refused(error: Exception) -> None:
     """This torch's varlen flash refused a call: say so once and loop over the sequences from now on
     (tests/gpu/test_native_kernels_gpu.py fails where this happens)."""

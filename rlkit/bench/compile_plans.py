@@ -326,13 +326,18 @@ def _attention_requests(plan: dict, q_shape, k, contract: NumericsContract, dtyp
     """The kernel calls attention.launch makes for `plan`."""
     t, heads, d = q_shape
     page, stride_kt, stride_ks, stride_kh, stride_bt = plan["k_strides"]
-    common = attention.kernel_meta(plan, contract, dtype)
+    common = dict(attention.kernel_meta(plan, contract, dtype), STORE_LSE=False)
     i32, f32 = _t(torch.int32), _t(torch.float32)
-    tensors = (_t(dtype), _t(dtype), _t(dtype), _t(dtype), f32, f32)
-    args = tensors + (i32,) * 7 + (heads * d, d, stride_kt, stride_ks, stride_kh, stride_bt, page, heads,
+    tensors = (_t(dtype), _t(dtype), _t(dtype), _t(dtype), f32, f32, f32)
+    args = tensors + (i32,) * 7 + (heads * d, d, stride_kt, stride_ks, stride_kh, stride_bt, 0, 0, page, heads,
                                    plan["max_splits"], float(d ** -0.5))
     if plan["mode"] == "fused":
-        return [("fused", attention_kernel._attn_kernel, args, dict(common, MODE=0))]
+        requests = [("fused", attention_kernel._attn_kernel, args, dict(common, MODE=0))]
+        if not plan["paged"]:  # a trainer's forward also leaves the log-sum-exp for flash's backward
+            with_lse = args[:20] + (1, t) + args[22:]
+            requests.append(("fused with log-sum-exp", attention_kernel._attn_kernel, with_lse,
+                             dict(common, MODE=0, STORE_LSE=True)))
+        return requests
     return [("split", attention_kernel._attn_kernel, args, dict(common, MODE=1)),
             ("merge", attention_kernel._attn_kernel, args, dict(common, MODE=2))]
 

@@ -290,6 +290,57 @@ def test_rope_backward_shared_by_both_paths_close_to_autograd():
     assert rel(strict, eager) < 2e-2, rel(strict, eager)
 
 
+def test_strict_attention_backward_from_its_own_log_sum_exp_close_to_fp32():
+    """A trainer's packed prefill under autograd: the strict forward also leaves each row's log-sum-exp
+    (close to flash's own), its output the same bits as without, and flash's varlen backward runs from
+    them (no native forward recomputed): gradients close to per-sequence fp32 attention's."""
+    from rlkit.kernels import attention, attention_native
+    from rlkit.types import AttentionLayout
+
+    lens = [5, 300, 129, 1024]
+    t, heads, kv_heads, d = sum(lens), 16, 8, 128
+    q, k, v = randn(t, heads, d, seed=21), randn(t, kv_heads, d, seed=22), randn(t, kv_heads, d, seed=23)
+    cu = torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], device=DEV)
+    layout = AttentionLayout.prefill(cu)
+    contract = NumericsContract.default()
+    buffers = attention_native.flash_stats_buffer(q, k, layout)
+    assert buffers is not None, f"torch {torch.__version__}: flash's varlen ops refused the log-sum-exp probe"
+    out, written = attention.triton_attention(q, k, v, layout, contract, lse=buffers[1])
+    assert written
+    assert_bitwise_equal(out, attention.triton_attention(q, k, v, layout, contract), "output with the lse stored")
+    cu32 = cu.to(torch.int32)
+    flash_lse = torch.ops.aten._flash_attention_forward(q, k, v, cu32, cu32, max(lens), max(lens), 0.0, True, False,
+                                                        scale=d ** -0.5)[1]
+    assert float((buffers[0] - flash_lse).abs().max()) < 1e-2
+    leaves = [t_.clone().requires_grad_(True) for t_ in (q, k, v)]
+    ref_leaves = [t_.float().clone().requires_grad_(True) for t_ in (q, k, v)]
+    g = randn(t, heads, d, seed=24)
+    recomputed = []
+    real = attention.native_forward
+    attention.native_forward = lambda *a: recomputed.append(1) or real(*a)
+    try:
+        attention.strict(*leaves, layout, contract).backward(g)
+    finally:
+        attention.native_forward = real
+    assert not recomputed, "the backward recomputed native's forward"
+    _per_sequence_fp32(*ref_leaves, lens).backward(g.float())
+    for name, a, b in zip("qkv", leaves, ref_leaves):
+        assert rel(a.grad, b.grad) < 2e-2, (name, rel(a.grad, b.grad))
+
+
+def test_split_weight_gradient_close_and_repeatable():
+    """kernels/gemm_backward.py on cuBLAS: dW in 1-8 token slabs (fp32 slab sums) close to the plain
+    product, and the same bits on a repeat."""
+    from rlkit.kernels import gemm_backward
+
+    g2, x2 = randn(8192 + 5, 1024, seed=25), randn(8192 + 5, 3072, seed=26)
+    want = (g2.t() @ x2).float()
+    for s in range(1, 9):
+        got = gemm_backward.weight_grad(g2, x2, s)
+        assert got.dtype == x2.dtype and rel(got, want) < 1e-2, (s, rel(got, want))
+        assert_bitwise_equal(gemm_backward.weight_grad(g2, x2, s), got, f"dW in {s} slabs, repeated")
+
+
 def _attention_grads(fn, q, k, v, g, layout):
     leaves = [t_.clone().requires_grad_(True) for t_ in (q, k, v)]
     fn(*leaves, layout).backward(g)

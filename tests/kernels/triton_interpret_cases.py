@@ -426,6 +426,35 @@ def test_attention_close_to_reference(version):
         assert rel(attention.triton_attention(q, k, v, lay, contract, mode=mode), ref) < 1e-6, mode
 
 
+@pytest.mark.parametrize("version", ATT_CONTRACTS)
+def test_attention_log_sum_exp_rows_close_to_the_scores_and_output_unchanged(version):
+    """STORE_LSE: every (token, head) row's log-sum-exp of its scaled visible scores, written through any
+    [token, head] strides (flash keeps [heads, tokens] or [tokens, heads]), close to the fp64 logsumexp;
+    the output with it equals the output without, bit for bit, fused and split."""
+    warnings.filterwarnings("ignore")
+    from rlkit.kernels import attention
+    from rlkit.types import AttentionLayout
+    contract = ATT_CONTRACTS[version]
+    gen = g(24)
+    q, k, v = (torch.randn(187, h, D, generator=gen) for h in (H, KVH, KVH))
+    lay = AttentionLayout.prefill(torch.tensor([0, 37, 187]))
+    want = []
+    for lo, hi in ((0, 37), (37, 187)):
+        kk = k[lo:hi].double().repeat_interleave(H // KVH, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q[lo:hi].double(), kk) * D ** -0.5
+        s = s.masked_fill(torch.ones(hi - lo, hi - lo, dtype=torch.bool).triu(1), float("-inf"))
+        want.append(torch.logsumexp(s, -1).t())
+    want = torch.cat(want)
+    for mode in ("fused", "split"):
+        plain = attention.triton_attention(q, k, v, lay, contract, mode=mode)
+        for name, rows in (("[heads, tokens]", torch.full((H, 187), float("nan")).t()),
+                           ("[tokens, heads]", torch.full((187, H), float("nan")))):
+            out, written = attention.triton_attention(q, k, v, lay, contract, mode=mode, lse=rows)
+            assert written
+            assert_bitwise_equal(out, plain, f"output with the log-sum-exp stored ({mode}, {name})")
+            assert float((rows.double() - want).abs().max()) < 1e-5, (mode, name)
+
+
 def test_attention_v4_tiles_cover_the_same_queries():
     """Under v4 a plan may pick its tile: 16-row (2 or 4 warps), 32-row and 64-row tiles must map every query
     (tile starts, row masks, split counts per tile). Exact inputs (q = 0, integer values): every tile must
