@@ -81,16 +81,30 @@ def _no_workspace() -> bool:
     return gemm_cublas.environment_problem() is None
 
 
+def accumulate_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b for half operands and an fp32 acc: on CUDA one cuBLAS call with beta = 1 writing acc
+    (torch >= 2.8's out_dtype; a trainer's fused fp32 weight-gradient accumulation); elsewhere, or where
+    this torch lacks it, the product in the operands' dtype, widened and added."""
+    if acc.is_cuda and a.dtype != acc.dtype and _has_fp32_out(acc.device):
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:
+        acc += (a @ b).float()
+
+
 _FP32_OUT: dict[str, bool] = {}
 
 
 def _has_fp32_out(device: torch.device) -> bool:
-    """Whether this torch's bmm takes out_dtype=float32 for half operands on this device (torch >= 2.8)."""
+    """Whether this torch's bmm and addmm take out_dtype=float32 for half operands on this device (torch
+    >= 2.8), addmm accumulating into its own input: checked once on a small exact case."""
     key = str(device)
     if key not in _FP32_OUT:
-        a = torch.zeros(1, 16, 16, dtype=torch.bfloat16, device=device)
+        a = torch.ones(1, 16, 16, dtype=torch.bfloat16, device=device)
         try:
-            _FP32_OUT[key] = torch.bmm(a, a, out_dtype=torch.float32).dtype == torch.float32
+            acc = torch.full((16, 16), 2.0, device=device)
+            torch.addmm(acc, a[0], a[0], out_dtype=torch.float32, out=acc)
+            _FP32_OUT[key] = (torch.bmm(a, a, out_dtype=torch.float32).dtype == torch.float32
+                              and bool((acc == 18.0).all()))
         except (RuntimeError, TypeError, NotImplementedError):
             _FP32_OUT[key] = False
     return _FP32_OUT[key]

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from rlkit.contract import NumericsContract
 from rlkit.kernels import gemm
+from rlkit.kernels.gemm_backward import accumulate_fp32
 from rlkit.kernels.errors import OpInputError, check_float, check_same
 from rlkit.kernels.tree import pairwise_reduce, pairwise_sum_dim
 from rlkit.types import SamplingParams
@@ -239,26 +240,37 @@ class _NativeChunkedLogprob(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         hidden, weight, ids = ctx.saved_tensors
-        params, chunk = ctx.params, ctx.chunk
-        gh = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        gw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
-        processed = params is not None and not params.is_identity
-        for lo in range(0, hidden.shape[0], chunk):
-            h, gc = hidden[lo : lo + chunk], g[lo : lo + chunk].float()
-            z = _chunk_logits(h, weight, ctx.contract, params)
-            gz = torch.softmax(z, dim=-1).mul_(-gc[:, None])
-            gz.scatter_add_(-1, ids[lo : lo + chunk, None].long(), gc[:, None])
-            if processed:
-                gz.masked_fill_(torch.isinf(z), 0.0)
-                if params.temperature != 1.0:
-                    gz.div_(params.temperature)
-            del z
-            gz = gz.to(hidden.dtype)
-            if gh is not None:
-                gh[lo : lo + chunk] = gz @ weight
-            if gw is not None:
-                gw += (gz.t() @ h).float()
-        return gh, (gw.to(weight.dtype) if gw is not None else None), None, None, None, None
+        gh, gw = chunked_backward(g, hidden, weight, ids, ctx.contract, ctx.params, ctx.chunk, *ctx.needs_input_grad[:2])
+        return gh, gw, None, None, None, None
+
+
+def chunked_backward(g, hidden, weight, ids, contract: NumericsContract, params: SamplingParams | None, chunk: int,
+                     need_hidden: bool = True, need_weight: bool = True):
+    """(d hidden, d lm_head) of logprobs whose upstream gradient is g, `chunk` rows at a time: each chunk's
+    logits recomputed in the model dtype, d logp / d z = onehot(t) - softmax(z) (zero where sampling
+    removed an entry; / T through the temperature), d hidden = gz @ W and d W the sum over chunks of
+    gz^T @ h, accumulated in fp32 (on CUDA in the product's own epilogue, as a trainer's fused weight-
+    gradient accumulation does) and rounded once. Both paths' autograd run it: gradients are not compared,
+    so the strict/native price of a training step is the forwards'."""
+    gh = torch.empty_like(hidden) if need_hidden else None
+    gw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+    processed = params is not None and not params.is_identity
+    for lo in range(0, hidden.shape[0], chunk):
+        h, gc = hidden[lo : lo + chunk], g[lo : lo + chunk].float()
+        z = _chunk_logits(h, weight, contract, params)
+        gz = torch.softmax(z, dim=-1).mul_(-gc[:, None])
+        gz.scatter_add_(-1, ids[lo : lo + chunk, None].long(), gc[:, None])
+        if processed:
+            gz.masked_fill_(torch.isinf(z), 0.0)
+            if params.temperature != 1.0:
+                gz.div_(params.temperature)
+        del z
+        gz = gz.to(hidden.dtype)
+        if gh is not None:
+            gh[lo : lo + chunk] = gz @ weight
+        if gw is not None:
+            accumulate_fp32(gw, gz.t(), h)
+    return gh, (gw.to(weight.dtype) if gw is not None else None)
 
 
 def native_chunked(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor,
@@ -484,8 +496,8 @@ def triton_logprob(hidden, weight, token_ids, contract, params=None, parallel: b
 
 
 class _StrictLogprob(torch.autograd.Function):
-    """Forward: the strict Triton logprob. Backward: native, one row block at a time (d logp / d z =
-    onehot - softmax(z), through the temperature)."""
+    """Forward: the strict Triton logprob. Backward: the native chunked logprob's (`chunked_backward`,
+    NATIVE_ROW_CHUNK rows a chunk)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, token_ids, contract, params):
@@ -498,28 +510,9 @@ class _StrictLogprob(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         hidden, weight, ids = ctx.saved_tensors
-        params = ctx.params
-        gh = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
-        gw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
-        step = ctx.contract.logprob.row_block
-        if hidden.is_cuda:
-            step = max(step, GPU_ROW_BLOCK)
-        for lo in range(0, hidden.shape[0], step):
-            h = hidden[lo : lo + step]
-            z = F.linear(h, weight).float()
-            if params is not None and not params.is_identity:
-                z = process_logits(z, params, ctx.contract)
-            p = torch.softmax(z, -1)
-            gz = -p * g[lo : lo + step, None]
-            gz.scatter_add_(-1, ids[lo : lo + step, None].long(), g[lo : lo + step, None].float())
-            if params is not None and params.temperature != 1.0:
-                gz = gz / params.temperature
-            gz = gz.to(hidden.dtype)
-            if gh is not None:
-                gh[lo : lo + step] = gz @ weight
-            if gw is not None:
-                gw += (gz.t() @ h).float()
-        return gh, (gw.to(weight.dtype) if gw is not None else None), None, None, None
+        gh, gw = chunked_backward(g, hidden, weight, ids, ctx.contract, ctx.params, NATIVE_ROW_CHUNK,
+                                  *ctx.needs_input_grad[:2])
+        return gh, gw, None, None, None
 
 
 def strict_logits(hidden, weight, contract):

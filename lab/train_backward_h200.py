@@ -164,6 +164,32 @@ def attention_rows() -> list[dict]:
     return rows
 
 
+def logprob_rows(tokens: int) -> list[dict]:
+    """The lm_head + logprob forward and backward at `tokens` rows (qwen3-0.6b: hidden 1,024, vocab
+    151,936): strict against native's chunked form; both backwards are `logprob.chunked_backward`."""
+    from rlkit import NumericsContract
+    from rlkit.kernels import logprob
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    h = torch.randn(tokens, 1024, generator=gen, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(151936, 1024, generator=gen, device="cuda") * 0.02).to(torch.bfloat16)
+    ids = torch.randint(0, 151936, (tokens,), generator=gen, device="cuda")
+    hh, ww = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    g = torch.randn(tokens, generator=gen, device="cuda")
+    strict_c, native_c = NumericsContract.default(), NumericsContract.native()
+
+    def run(fn):
+        hh.grad = ww.grad = None
+        fn().backward(g)
+
+    t_s = _bench(lambda: run(lambda: logprob.strict(hh, ww, ids, strict_c)))
+    t_n = _bench(lambda: run(lambda: logprob.native(hh, ww, ids, native_c)))
+    print(f"\nlogprob fwd+bwd {tokens} x 151936: strict {t_s:.3f} ms, native {t_n:.3f} ms, strict/native {t_s / t_n:.3f}")
+    shape = f"qwen3-0.6b lm_head T={tokens}"
+    return [dict(op="logprob_fwd_bwd", impl="strict", shape=shape, metric="ms", median=t_s),
+            dict(op="logprob_fwd_bwd", impl="native", shape=shape, metric="ms", median=t_n)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=False)
@@ -181,7 +207,7 @@ def main() -> None:
     child = subprocess.run([sys.executable, __file__, "--child-native", "--tokens", str(args.tokens)], env=env,
                            capture_output=True, text=True, check=True)
     native_ms = json.loads(next(ln[5:] for ln in child.stdout.splitlines() if ln.startswith("JSON ")))
-    rows = wgrad_rows(args.tokens, native_ms) + attention_rows()
+    rows = wgrad_rows(args.tokens, native_ms) + attention_rows() + logprob_rows(args.tokens)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = dict(device=torch.cuda.get_device_name(), commit=commit())
     with open(args.out / "train_backward.jsonl", "w") as f:

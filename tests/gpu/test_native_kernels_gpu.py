@@ -339,6 +339,11 @@ def test_split_weight_gradient_close_and_repeatable():
         got = gemm_backward.weight_grad(g2, x2, s)
         assert got.dtype == x2.dtype and rel(got, want) < 1e-2, (s, rel(got, want))
         assert_bitwise_equal(gemm_backward.weight_grad(g2, x2, s), got, f"dW in {s} slabs, repeated")
+    assert gemm_backward._has_fp32_out(g2.device), f"torch {torch.__version__}: no fp32-out bmm/addmm here"
+    acc = randn(1024, 3072, dtype=torch.float32, seed=27)
+    want = acc + torch.mm(g2.t(), x2, out_dtype=torch.float32)
+    gemm_backward.accumulate_fp32(acc, g2.t(), x2)
+    assert rel(acc, want) < 1e-5, rel(acc, want)
 
 
 def _attention_grads(fn, q, k, v, g, layout):
