@@ -244,7 +244,6 @@ def native(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = Non
 # follows chooses their launches (none of these choices changes a bit) and calls them.
 from rlkit.kernels import _triton as _tr  # noqa: E402
 from rlkit.kernels import gemm_cublas as _cublas  # noqa: E402
-from rlkit.kernels.gemm_backward import weight_grad  # noqa: E402
 from rlkit.kernels import gemm_gluon as _gluon  # noqa: E402
 from rlkit.kernels import gemm_tuned as _tuned  # noqa: E402
 from rlkit.kernels.gemm_kernels import (TREE_CHUNKS, _gemm_continue_kernel, _gemm_swapped_kernel,  # noqa: E402
@@ -594,8 +593,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor, c: int, contract: NumericsContract
 # -- the strict entry points rlkit.ops calls ------------------------------------------------------------
 class _StrictLinear(torch.autograd.Function):
     """Forward: the strict GEMM (Triton on CUDA, the reference elsewhere). Backward: native products in
-    the model dtype (gradients need not be bitwise; only the forward's logprobs are compared), the weight
-    gradient split over the tokens where this process's cuBLAS cannot split K (kernels/gemm_backward.py)."""
+    the model dtype (gradients need not be bitwise; only the forward's logprobs are compared)."""
 
     @staticmethod
     def forward(ctx, x, w, contract, out_dtype, row_parallel):
@@ -607,7 +605,7 @@ class _StrictLinear(torch.autograd.Function):
         x, w = ctx.saved_tensors
         g = grad.to(x.dtype)
         gx = g @ w if ctx.needs_input_grad[0] else None
-        gw = weight_grad(g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
+        gw = (g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
         return gx, gw, None, None, None
 
 

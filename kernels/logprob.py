@@ -26,7 +26,6 @@ import torch.nn.functional as F
 
 from rlkit.contract import NumericsContract
 from rlkit.kernels import gemm
-from rlkit.kernels.gemm_backward import accumulate_fp32
 from rlkit.kernels.errors import OpInputError, check_float, check_same
 from rlkit.kernels.tree import pairwise_reduce, pairwise_sum_dim
 from rlkit.types import SamplingParams
@@ -271,6 +270,34 @@ def chunked_backward(g, hidden, weight, ids, contract: NumericsContract, params:
         if gw is not None:
             accumulate_fp32(gw, gz.t(), h)
     return gh, (gw.to(weight.dtype) if gw is not None else None)
+
+
+def accumulate_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b for half operands and an fp32 acc: on CUDA one cuBLAS call with beta = 1 writing acc
+    (torch >= 2.8's out_dtype: a trainer's fused fp32 weight-gradient accumulation); elsewhere, or where
+    this torch lacks it, the product in the operands' dtype, widened and added."""
+    if acc.is_cuda and a.dtype != acc.dtype and _fp32_out_addmm(acc.device):
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:
+        acc += (a @ b).float()
+
+
+_FP32_OUT_ADDMM: dict[str, bool] = {}
+
+
+def _fp32_out_addmm(device: torch.device) -> bool:
+    """Whether this torch's addmm takes out_dtype=float32 for half operands on this device and accumulates
+    into its own input: checked once on a small exact case."""
+    key = str(device)
+    if key not in _FP32_OUT_ADDMM:
+        a = torch.ones(16, 16, dtype=torch.bfloat16, device=device)
+        acc = torch.full((16, 16), 2.0, device=device)
+        try:
+            torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+            _FP32_OUT_ADDMM[key] = bool((acc == 18.0).all())
+        except (RuntimeError, TypeError, NotImplementedError):
+            _FP32_OUT_ADDMM[key] = False
+    return _FP32_OUT_ADDMM[key]
 
 
 def native_chunked(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor,

@@ -2,9 +2,9 @@
 
 1. The weight gradient without a cuBLAS workspace. A strict process runs cuBLAS without one (its cuBLAS
    route needs it), so the linear layers' dW = g^T x (K = the micro-batch's tokens) cannot split K.
-   Timed per Qwen3 preset's layer shape at T tokens: the plain product in this process, `weight_grad`
-   at 1..8 token slabs and at its own count, and the plain product in a child process with torch's
-   default workspace (RLKIT_GEMM_CUBLAS=0: a native trainer's cuBLAS).
+   Timed per Qwen3 preset's layer shape at T tokens: the product in this process and in a child process
+   with torch's default workspace (RLKIT_GEMM_CUBLAS=0: a native trainer's cuBLAS). (At 41f6217 this
+   also timed dW split into 1-8 token slabs by hand: slower at every shape, lab/LOG.md session 36.)
 2. Attention's backward: recomputing native's flash forward under autograd (the old form) against
    flash's varlen backward taking the strict forward's output and log-sum-exp, and native's own
    forward + backward; gradients compared (relative error), the log-sum-exp against flash's own, and the
@@ -66,33 +66,20 @@ def plain_times(tokens: int) -> dict[str, float]:
 
 
 def wgrad_rows(tokens: int, native_ms: dict[str, float]) -> list[dict]:
-    from rlkit.kernels import gemm_backward, gemm_cublas
+    from rlkit.kernels import gemm_cublas
 
     print(f"cuBLAS workspace off in this process: {gemm_cublas.environment_problem() is None}")
     rows = []
-    head = f"{'layer':<34}{'native':>8}{'plain':>8}" + "".join(f"{'s' + str(s):>8}" for s in range(1, 9)) + f"{'auto':>10}"
-    print(head)
+    print(f"{'layer':<34}{'default ws':>11}{'no ws':>8}{'ratio':>8}")
     for preset in PRESETS:
         for name, n, k in layer_shapes(preset):
             key = f"{preset} {name} {n}x{k}"
             g2, x2 = _inputs(tokens, n, k)
-            ref = (g2.t() @ x2).float()
-            times = {"plain": _bench(lambda: g2.t() @ x2)}
-            for s in range(1, 9):
-                got = gemm_backward.weight_grad(g2, x2, s).float()
-                err = float((got - ref).norm() / ref.norm())
-                assert err < 1e-2, (key, s, err)
-                times[f"s{s}"] = _bench(lambda s=s: gemm_backward.weight_grad(g2, x2, s))
-            auto = gemm_backward.wgrad_splits(tokens, n, k, g2.device)
-            times["auto"] = _bench(lambda: gemm_backward.weight_grad(g2, x2))
+            here = _bench(lambda: g2.t() @ x2)
             nat = native_ms.get(key, float("nan"))
-            print(f"{key:<34}{nat:8.3f}{times['plain']:8.3f}" + "".join(f"{times[f's{s}']:8.3f}" for s in range(1, 9))
-                  + f"{times['auto']:7.3f}/{auto}")
-            for impl, ms in [("native_default_workspace", nat)] + list(times.items()):
-                rows.append(dict(op="wgrad", impl=impl, shape=f"{key} T={tokens}", metric="ms", median=ms))
-            rows.append(dict(op="wgrad", impl="auto_splits", shape=f"{key} T={tokens}", metric="splits", median=auto))
-            rows.append(dict(op="wgrad", impl="auto/native", shape=f"{key} T={tokens}", metric="ratio",
-                             median=times["auto"] / nat))
+            print(f"{key:<34}{nat:11.3f}{here:8.3f}{here / nat:8.3f}")
+            rows += [dict(op="wgrad", impl="native_default_workspace", shape=f"{key} T={tokens}", metric="ms", median=nat),
+                     dict(op="wgrad", impl="no_workspace", shape=f"{key} T={tokens}", metric="ms", median=here)]
     return rows
 
 

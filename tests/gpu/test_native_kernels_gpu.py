@@ -328,21 +328,16 @@ def test_strict_attention_backward_from_its_own_log_sum_exp_close_to_fp32():
         assert rel(a.grad, b.grad) < 2e-2, (name, rel(a.grad, b.grad))
 
 
-def test_split_weight_gradient_close_and_repeatable():
-    """kernels/gemm_backward.py on cuBLAS: dW in 1-8 token slabs (fp32 slab sums) close to the plain
-    product, and the same bits on a repeat."""
-    from rlkit.kernels import gemm_backward
+def test_logprob_weight_gradient_accumulates_in_cublas_fp32_epilogue():
+    """logprob.accumulate_fp32 on CUDA: this torch's fp32-out addmm into its own input (the fast form the
+    shared logprob backward takes), close to the fp32 product added."""
+    from rlkit.kernels import logprob
 
-    g2, x2 = randn(8192 + 5, 1024, seed=25), randn(8192 + 5, 3072, seed=26)
-    want = (g2.t() @ x2).float()
-    for s in range(1, 9):
-        got = gemm_backward.weight_grad(g2, x2, s)
-        assert got.dtype == x2.dtype and rel(got, want) < 1e-2, (s, rel(got, want))
-        assert_bitwise_equal(gemm_backward.weight_grad(g2, x2, s), got, f"dW in {s} slabs, repeated")
-    assert gemm_backward._has_fp32_out(g2.device), f"torch {torch.__version__}: no fp32-out bmm/addmm here"
+    assert logprob._fp32_out_addmm(torch.device(DEV)), f"torch {torch.__version__}: no fp32-out addmm here"
+    a, b = randn(1024, 4101, seed=25), randn(4101, 3072, seed=26)
     acc = randn(1024, 3072, dtype=torch.float32, seed=27)
-    want = acc + torch.mm(g2.t(), x2, out_dtype=torch.float32)
-    gemm_backward.accumulate_fp32(acc, g2.t(), x2)
+    want = acc + torch.mm(a, b, out_dtype=torch.float32)
+    logprob.accumulate_fp32(acc, a, b)
     assert rel(acc, want) < 1e-5, rel(acc, want)
 
 

@@ -169,3 +169,19 @@ def test_ids_in_range_skips_only_the_range_check(path):
         with pytest.raises(OpInputError, match=r"token_ids has shape"):
             ops.logprob_from_logits(logits, ids[:3], ids_in_range=True)
 
+
+
+def test_strict_and_native_share_the_chunked_backward():
+    """Both paths' autograd run `logprob.chunked_backward` at NATIVE_ROW_CHUNK rows a chunk: from the same
+    upstream gradient the strict logprob's d hidden and d lm_head are the native chunked logprob's, bit
+    for bit (a training step's strict/native price is then the forwards')."""
+    h, w, ids = make(37, seed=6)
+    g = torch.linspace(-1.0, 1.0, 37)
+    grads = []
+    for fn in (lambda hh, ww: logprob.strict(hh, ww, ids, SMALL),
+               lambda hh, ww: logprob.native_chunked(hh, ww, ids, SMALL, chunk=logprob.NATIVE_ROW_CHUNK)):
+        hh, ww = h.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+        fn(hh, ww).backward(g)
+        grads.append((hh.grad, ww.grad))
+    assert_bitwise_equal(grads[0][0], grads[1][0], "d hidden: strict vs native chunked")
+    assert_bitwise_equal(grads[0][1], grads[1][1], "d lm_head: strict vs native chunked")
