@@ -187,9 +187,11 @@ class _StrictAttention(torch.autograd.Function):
             if buffers is None:
                 ctx.save_for_backward(q, k, v)
                 return triton_attention(q, k, v, layout, contract)
-            out, written = triton_attention(q, k, v, layout, contract, lse=buffers[1])
-            ctx.from_stats = written
-            ctx.save_for_backward(q, k, v, out, buffers[0]) if written else ctx.save_for_backward(q, k, v)
+            out, ctx.from_stats = triton_attention(q, k, v, layout, contract, lse=buffers[1])
+            if ctx.from_stats:
+                ctx.save_for_backward(q, k, v, out, buffers[0])
+            else:
+                ctx.save_for_backward(q, k, v)
             return out
         ctx.save_for_backward(q, k, v)
         return reference(q, k, v, layout, contract)
