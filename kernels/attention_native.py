@@ -131,8 +131,7 @@ def native_varlen_prefill(q, k, v, layout: AttentionLayout, bounds: dict[str, li
     queries start past position 0 sees every key before them. K/V are expanded to the query heads where
     this torch's wrapper takes no `enable_gqa`."""
     varlen_attn, causal, takes_gqa = _VARLEN
-    cu_q = layout.cu_seqlens_q.to(device=q.device, dtype=torch.int32)
-    longest_q = max((b - a for a, b in zip(bounds["cu_q"], bounds["cu_q"][1:])), default=0)
+    cu_q, longest_q = _packed_queries(layout, q.device, bounds)
     if layout.paged_keys:
         rows, cu_k = _paged_key_rows(layout, k.shape[1], bounds)
         k, v = k.flatten(0, 1).index_select(0, rows), v.flatten(0, 1).index_select(0, rows)
@@ -146,6 +145,12 @@ def native_varlen_prefill(q, k, v, layout: AttentionLayout, bounds: dict[str, li
     elif group > 1:
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     return varlen_attn(q, k, v, cu_q, cu_k, longest_q, longest_k, **causal, **extra)
+
+
+def _packed_queries(layout: AttentionLayout, device, bounds: dict[str, list[int]]) -> tuple[torch.Tensor, int]:
+    """What flash's varlen ops take for the queries: int32 cu_seqlens on the device and the longest run."""
+    cu = layout.cu_seqlens_q.to(device=device, dtype=torch.int32)
+    return cu, max((b - a for a, b in zip(bounds["cu_q"], bounds["cu_q"][1:])), default=0)
 
 
 _KEY_ROWS: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -200,9 +205,7 @@ def flash_backward(go, q, k, v, out, stats, layout: AttentionLayout):
     """FlashAttention's varlen backward (its deterministic form: kernels/determinism.py) from a forward's
     output and log-sum-exp (the `stats` of a `flash_stats_buffer` the forward filled), without running
     flash's forward again: (dq, dk, dv). GQA as flash takes it (dk, dv in the KV heads)."""
-    bounds = host_bounds(layout)
-    cu = layout.cu_seqlens_q.to(device=q.device, dtype=torch.int32)
-    longest = max((b - a for a, b in zip(bounds["cu_q"], bounds["cu_q"][1:])), default=0)
+    cu, longest = _packed_queries(layout, q.device, host_bounds(layout))
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     with deterministic_algorithms():
         return _flash_bwd(go.contiguous(), q, k, v, out, stats, cu, longest)
