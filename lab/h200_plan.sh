@@ -2,7 +2,7 @@
 # Session 29 item 9's plan for an H200, one phase a device call, each phase branching on the card it finds so
 # that an H100 start is spent on what the H100 can still tell (the full GPU suite, the source shape).
 #   RLKIT_COMMIT=<full sha> bash lab/h200_plan.sh a|c|b      (run through the device tool; carry
-#   .thirdparty/device and .thirdparty/tm)
+#   .thirdparty/device and .thirdparty/tm; H200_ONLY=1 runs nothing on another card)
 # a: the GPU suite, the chained-GEMM launch table, the kernel rows  (H100: the GPU suite and the source strict run)
 # c: validation and trainer-heavy, strict then native              (H100: the source native run)
 # b: the source shape, strict then native
@@ -15,6 +15,8 @@ SOURCE_NATIVE="srcnative:290:$NATIVE --out \$W/rl-sn --shapes source --paths nat
 SUITE="gputests:200:python3 lab/gpu_tests_parallel.py --workers 6 --out \$W/gputests"
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then card=h200; else card=other; fi
 echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader) -> phase $1 for $card"
+# H200_ONLY=1: on any other card do nothing (a start that found an H100 costs its start alone).
+if [ "${H200_ONLY:-0}" = 1 ] && [ $card != h200 ]; then echo "not an H200: nothing run"; exit 0; fi
 case "$1/$card" in
   a/h200) steps=("$SUITE"
                  "chained:100:python3 lab/chained_gemm_h200.py --out \$W/chained --m 1,8,64"
