@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 29 item 9's plan for an H200, one phase a device call, each phase branching on the card it finds so
+# Session 29 item 9's plan for an H200, one phase per device call, each branching on the card it finds so
 # that an H100 start is spent on what the H100 can still tell (the full GPU suite, the source shape).
 #   RLKIT_COMMIT=<full sha> bash lab/h200_plan.sh a|c|b      (run through the device tool; carry
 #   .thirdparty/device and .thirdparty/tm; H200_ONLY=1 runs nothing on another card)
@@ -14,10 +14,10 @@ SOURCE_STRICT="srcstrict:290:$R --out \$W/rl-ss --shapes source --paths strict -
 SOURCE_NATIVE="srcnative:290:$NATIVE --out \$W/rl-sn --shapes source --paths native --steps 2 --minutes 6.0"
 SUITE="gputests:200:python3 lab/gpu_tests_parallel.py --workers 6 --out \$W/gputests"
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then card=h200; else card=other; fi
-echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader) -> phase $1 for $card"
+echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader) -> phase ${1:-} for $card"
 # H200_ONLY=1: on any other card do nothing (a start that found an H100 costs its start alone).
 if [ "${H200_ONLY:-0}" = 1 ] && [ $card != h200 ]; then echo "not an H200: nothing run"; exit 0; fi
-case "$1/$card" in
+case "${1:-}/$card" in
   a/h200) steps=("$SUITE"
                  "chained:100:python3 lab/chained_gemm_h200.py --out \$W/chained --m 1,8,64"
                  "bench:240:if ls \$W/chained/tuned/*.json >/dev/null 2>&1; then cp \$W/chained/tuned/*.json kernels/tuned/; export RLKIT_COMMIT=\$RLKIT_COMMIT+table; fi; python3 -m rlkit.bench.kernels --out \$W/bench") ;;
