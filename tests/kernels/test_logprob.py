@@ -170,7 +170,6 @@ def test_ids_in_range_skips_only_the_range_check(path):
             ops.logprob_from_logits(logits, ids[:3], ids_in_range=True)
 
 
-
 def test_strict_and_native_share_the_chunked_backward():
     """Both paths' autograd run `logprob.chunked_backward` at NATIVE_ROW_CHUNK rows a chunk: from the same
     upstream gradient the strict logprob's d hidden and d lm_head are the native chunked logprob's, bit
