@@ -12,17 +12,31 @@ interpreter costs ~7 ms per program per loop step.
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import REPO
+
 CASES = Path(__file__).with_name("triton_interpret_cases.py")
+SHARDS = 2
+"""Processes running the cases at once (the interpreter is one thread each; both of the 2 cores work)."""
 
 
 def test_kernels_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)],
-                         env=env, capture_output=True, text=True, timeout=900)
-    print(res.stdout[-3000:])
-    assert res.returncode == 0, f"interpreter cases failed:\n{res.stdout[-6000:]}\n{res.stderr[-2000:]}"
-    assert " passed" in res.stdout and "skipped" not in res.stdout, res.stdout[-2000:]
+    procs = []
+    for i in range(SHARDS):
+        env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore", RLKIT_TEST_SHARD=f"{i}/{SHARDS}")
+        procs.append(subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                       "-p", "tests.kernels.shard", str(CASES)],
+                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=900) for p in procs]
+    for i, (p, (out, err)) in enumerate(zip(procs, outs)):
+        print(f"shard {i}/{SHARDS}:", out[-1500:])
+        assert p.returncode == 0, f"interpreter cases (shard {i}/{SHARDS}) failed:\n{out[-6000:]}\n{err[-2000:]}"
+        assert " passed" in out and "skipped" not in out, out[-2000:]
+    counts = [re.search(r"(\d+) passed(?:, (\d+) deselected)?", out) for out, _ in outs]
+    passed = [int(m[1]) for m in counts]
+    collected = passed[0] + int(counts[0][2] or 0)
+    assert sum(passed) == collected, f"the shards ran {passed} of {collected} cases"
