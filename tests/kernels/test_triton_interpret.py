@@ -31,7 +31,12 @@ def test_kernels_under_the_interpreter():
         procs.append(subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                        "-p", "tests.kernels.shard", str(CASES)],
                                       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=900) for p in procs]
+    try:
+        outs = [p.communicate(timeout=900) for p in procs]
+    finally:  # a shard past its timeout leaves no process behind
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     for i, (p, (out, err)) in enumerate(zip(procs, outs)):
         print(f"shard {i}/{SHARDS}:", out[-1500:])
         assert p.returncode == 0, f"interpreter cases (shard {i}/{SHARDS}) failed:\n{out[-6000:]}\n{err[-2000:]}"
