@@ -23,6 +23,5 @@ def pytest_collection_modifyitems(config, items):
     if not value:
         return
     i, n = parse(value)
-    kept = items[i::n]
-    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
-    items[:] = kept
+    config.hook.pytest_deselected(items=[item for k, item in enumerate(items) if k % n != i])
+    items[:] = items[i::n]
