@@ -16,7 +16,7 @@ for step in "$@"; do
   t0=$(date +%s)
   timeout $secs bash -c "$cmd" > $W/$name.log 2>&1; rc=$?
   echo "== $name rc=$rc in $(( $(date +%s) - t0 )) s"
-  grep -E "^(tune|DIFFERENT|FAILED|ERROR|launch table|  K=)|passed|failed|ratio|Error" $W/$name.log | grep -v "^SKIPPED" | tail -40
+  grep -E "^(tune|DIFFERENT|FAILED|ERROR|launch table|  K=|## Targets)|passed|failed|ratio|Error|\*\*(missed|partly measured)\*\*" $W/$name.log | grep -v "^SKIPPED" | tail -40
   (cd $W && find . -maxdepth 3 -type f \( -name '*.log' -o -name '*.txt' -o -name '*.jsonl' -o -name '*.json' -o -name '*.md' -o -name '*.csv' \) \
      -size -20M | tar czf $OUT/all.tgz -T - 2>/dev/null)
 done

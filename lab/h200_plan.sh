@@ -3,7 +3,7 @@
 # that an H100 start is spent on what the H100 can still tell (the full GPU suite, the source shape).
 #   RLKIT_COMMIT=<full sha> bash lab/h200_plan.sh a|c|b      (run through the device tool; carry
 #   .thirdparty/device and .thirdparty/tm; H200_ONLY=1 runs nothing on another card)
-# a: the GPU suite, the chained-GEMM launch table, the kernel rows  (H100: the GPU suite and the source strict run)
+# a: the GPU suite, the chained-GEMM launch table, the kernel rows and the targets they meet  (H100: the GPU suite and the source strict run)
 # c: validation and trainer-heavy, strict then native              (H100: the source native run)
 # b: the source shape, strict then native
 # Each step keeps its log and rows under $W (/tmp/w), packed into $OUT/all.tgz by lab/device_call.sh.
@@ -20,7 +20,8 @@ if [ "${H200_ONLY:-0}" = 1 ] && [ $card != h200 ]; then echo "not an H200: nothi
 case "${1:-}/$card" in
   a/h200) steps=("$SUITE"
                  "chained:100:python3 lab/chained_gemm_h200.py --out \$W/chained --m 1,8,64"
-                 "bench:240:if ls \$W/chained/tuned/*.json >/dev/null 2>&1; then cp \$W/chained/tuned/*.json kernels/tuned/; export RLKIT_COMMIT=\$RLKIT_COMMIT+table; fi; python3 -m rlkit.bench.kernels --out \$W/bench") ;;
+                 "bench:240:if ls \$W/chained/tuned/*.json >/dev/null 2>&1; then cp \$W/chained/tuned/*.json kernels/tuned/; export RLKIT_COMMIT=\$RLKIT_COMMIT+table; fi; python3 -m rlkit.bench.kernels --out \$W/bench"
+                 "targets:30:python3 -m rlkit.bench.targets \$W/bench/bench.jsonl") ;;
   a/other) steps=("$SUITE" "$SOURCE_STRICT") ;;
   c/h200) steps=("vs:70:$R --out \$W/rl-vs --shapes validation --paths strict --steps 10 --warmup 2 --minutes 1.3"
                  "vn:70:$NATIVE --out \$W/rl-vn --shapes validation --paths native --steps 10 --warmup 2 --minutes 1.3"

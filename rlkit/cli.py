@@ -527,12 +527,18 @@ def _cmd_report(args) -> int:
 # -- rlkit bench -------------------------------------------------------------------------------------
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks (write long-format rows, render BENCHMARKS.md)")
-    p.add_argument("what", choices=["kernels"])
+    p.add_argument("what", choices=["kernels", "targets"],
+                   help="kernels: time the kernels (a GPU) or --render rows; targets: judge rows against the "
+                        "speed targets (exit 0 when all are met)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments passed to the benchmark (its --help lists them)")
     p.set_defaults(func=_cmd_bench)
 
 
 def _cmd_bench(args) -> int:
+    if args.what == "targets":
+        from rlkit.bench.targets import main as bench_targets
+
+        return int(bench_targets(args.rest) or 0)
     from rlkit.bench.kernels import main as bench_kernels
 
     return int(bench_kernels(args.rest) or 0)

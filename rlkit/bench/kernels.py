@@ -38,8 +38,12 @@ import torch.nn.functional as F
 from rlkit.bench.gemm_candidates import NARROW_ONE_CHAIN, TUNE_CONFIGS
 from rlkit.bench.native_peer import NativePeer, PeerError, environment_at_defaults, serve
 from rlkit.bench.provenance import commit, short
+from rlkit.bench.rows import RowsError, read_rows, single_device
+from rlkit.bench.targets import (DECODE_BATCHES, DECODE_CONTEXTS, ENGINE_STEPS, GEMM_LAYERS, GEMM_M, GEMM_MODELS,
+                                 LOGPROB_M, PREFILL_S)
+from rlkit.bench.targets import judge as judge_targets
+from rlkit.bench.targets import render as render_targets
 
-GEMM_M = (1, 8, 64, 256, 1024, 4096, 8192)
 GEMM_ROUNDS = 3
 """Rounds a GEMM cell's strict, native and batch_invariant_ops are timed in turn (bench_gemm)."""
 HBM_BYTES_PER_S = 4.3e12  # measured device-to-device copy on the H200 (lab/KERNELS_NOTES.md)
@@ -89,11 +93,6 @@ def _randn(*shape, scale=1.0, dtype=torch.bfloat16, seed=0):
 
 
 # -- GEMM ---------------------------------------------------------------------------------------------
-GEMM_MODELS = ("qwen3-8b", "qwen3-1.7b", "qwen3-0.6b")
-GEMM_LAYERS = ("qkv", "o", "gate_up", "down", "lm_head")
-"""The projections of one layer `gemm_shapes` names (and --gemm-layers chooses from)."""
-
-
 def gemm_shapes(model: str) -> dict[str, tuple[int, int, bool]]:
     """name -> (K, N, row_parallel) of each projection of one layer of a model preset (y = x @ w.T)."""
     from rlkit.model.config import preset
@@ -324,7 +323,7 @@ def _attention_contracts():
             "strict_v4_split1024": c.replace(attention=dataclasses.replace(c.attention, split_size=1024))}
 
 
-def bench_attention(rec: Recorder, seqlens=(1024, 4096, 16384), batches=(1, 16, 64), contexts=(1024, 8192),
+def bench_attention(rec: Recorder, seqlens=PREFILL_S, batches=DECODE_BATCHES, contexts=DECODE_CONTEXTS,
                     tune: bool = False) -> None:
     from rlkit import NumericsContract
     from rlkit.kernels import attention
@@ -474,7 +473,7 @@ def native_logprob(h: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch
     return torch.log_softmax(F.linear(h, w).float(), -1).gather(-1, ids[:, None])
 
 
-def bench_logprob(rec: Recorder, ms=(1, 64, 1024, 4096), peer: NativePeer | None = None,
+def bench_logprob(rec: Recorder, ms=LOGPROB_M, peer: NativePeer | None = None,
                   rounds: int = 5) -> None:
     """Strict logprob (lm_head GEMM + the contract's LSE) against torch.mm + log_softmax, the two timed in
     turn `rounds` times, the ratio taken round by round; native at torch's defaults from `peer` where given
@@ -556,7 +555,6 @@ def bench_rowwise(rec: Recorder, rows: int = 4096) -> None:
 
 
 # -- the embedded engine's decode step ----------------------------------------------------------------
-ENGINE_STEPS = (("qwen3-0.6b", 512), ("qwen3-0.6b", 2048), ("qwen3-1.7b", 512), ("qwen3-1.7b", 2048))
 """(model preset, context) of the decode steps timed, each at batch 64."""
 
 
@@ -777,11 +775,12 @@ RENAMED_OPS = {"rms_norm+residual": "rms_norm"}
 
 
 def render(rows: list[dict]) -> str:
-    """BENCHMARKS.md from the rows: each table only reads them."""
+    """BENCHMARKS.md from the rows of one device (RowsError for several): each table only reads them; the
+    targets table (rlkit.bench.targets) opens it wherever a target has a cell."""
     if not rows:
         return "# Benchmarks\n\nNo rows.\n"
     rows = [dict(r, op=RENAMED_OPS.get(r["op"], r["op"]), commit=short(r["commit"])) for r in rows]
-    dev = rows[0]["device"]
+    dev = single_device(rows)
     by_commit: dict[str, list[str]] = {}
     for r in rows:  # rows of several runs (a part re-run after its kernels changed) name their commits
         ops = by_commit.setdefault(r["commit"], [])
@@ -792,6 +791,9 @@ def render(rows: list[dict]) -> str:
     out = ["# Benchmarks: strict kernels vs native", "",
            f"Device: {dev}. {commits}. Ratio = native time / strict time (>= 0.9 is the target; "
            "higher is faster). Rendered by `rlkit.bench.kernels.render` from bench.jsonl.", ""]
+    verdicts = judge_targets(rows)
+    if any(v.cells for v in verdicts):
+        out += render_targets(verdicts)
     out += _render_rl_step(rows)
     out += _render_gemm(rows)
     for op, title in (("attention", "Attention prefill (causal, D=128, 32 q / 8 kv heads) vs SDPA flash"),
@@ -910,9 +912,8 @@ def run(out_dir: str | Path, quick: bool = False, tune: bool = False, parts=("ge
     steps = {
         "gemm": lambda: bench_gemm(rec, ms=gemm_ms or ((1, 64, 1024) if quick else GEMM_M), tune=tune,
                                    layers=gemm_layers, peer=peer),
-        "attention": lambda: bench_attention(rec, seqlens=(1024,) if quick else (1024, 4096, 16384), tune=tune),
-        "logprob": lambda: bench_logprob(rec, ms=(1, 1024) if quick else (1, 64, 1024, 4096),
-                                         peer=peer),
+        "attention": lambda: bench_attention(rec, seqlens=PREFILL_S[:1] if quick else PREFILL_S, tune=tune),
+        "logprob": lambda: bench_logprob(rec, ms=(1, 1024) if quick else LOGPROB_M, peer=peer),
         "attention_backward": lambda: bench_attention_backward(rec),
         "rowwise": lambda: bench_rowwise(rec),
         "engine": lambda: bench_engine_steps(rec, steps=ENGINE_STEPS[:1] if quick else ENGINE_STEPS),
@@ -933,15 +934,6 @@ def run(out_dir: str | Path, quick: bool = False, tune: bool = False, parts=("ge
     (out / "BENCHMARKS.md").write_text(render(rec.rows))
     print(f"benchmarks: {len(rec.rows)} rows in {time.time() - started:.0f} s", flush=True)
     return rec.rows
-
-
-def _read_rows_text(path: Path) -> str:
-    """A committed row file's text; `.gz` files (how runs are kept in lab/bench once their rows grow) unpacked."""
-    if path.suffix == ".gz":
-        import gzip
-
-        return gzip.decompress(path.read_bytes()).decode()
-    return path.read_text()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -976,9 +968,13 @@ def main(argv: list[str] | None = None) -> int:
         if not gemm_ms or min(gemm_ms) < 1:
             ap.error(f"--gemm-m: expected positive integers separated by commas, got {a.gemm_m!r}")
     if a.render:
-        rows = [json.loads(line) for f in a.render for line in _read_rows_text(Path(f)).splitlines() if line.strip()]
-        rows = [r for r in rows if r["op"] != "gemm" or not r["metric"].startswith(("plan", "same_bits"))]
-        text = render(rows)
+        try:
+            rows = read_rows([Path(f) for f in a.render])
+            rows = [r for r in rows if r["op"] != "gemm" or not r["metric"].startswith(("plan", "same_bits"))]
+            text = render(rows)
+        except RowsError as exc:
+            print(f"rlkit bench kernels --render: {exc}", file=sys.stderr)
+            return 2
         if a.markdown:
             from rlkit.bench.compile_targets import keep_compile_report
 
