@@ -54,8 +54,11 @@ def test_a_cell_below_the_bound_misses_the_target_and_is_named():
     assert v.status == "missed"
     assert [(c.label, c.value) for c in v.outside] == [("qwen3-1.7b.down M=256", 0.89)]
     line = next(x for x in targets.render(targets.judge(rows)) if x.startswith("| GEMM vs cuBLAS"))
-    assert "0.89 (qwen3-1.7b.down M=256, abc1234)" in line and "**missed**" in line
-    # the bound itself is inside (>= 0.90)
+    assert "0.890 (qwen3-1.7b.down M=256, abc1234)" in line and "**missed**" in line
+    # just under the bound reads as under it (three decimals), the bound itself is inside (>= 0.90)
+    rows[-1]["median"] = 0.8996
+    assert "| **missed** | qwen3-1.7b.down M=256 0.899 |" in "\n".join(targets.render(targets.judge(rows)))
+    assert targets._shown(0.9, True) == "0.900" and targets._shown(1.1004, False) == "1.101"
     rows[-1]["median"] = 0.90
     assert _by_target(rows)["GEMM vs cuBLAS"].status == "met"
     # a size the target does not name (M = 16) is not judged

@@ -13,7 +13,7 @@ that is missing makes it "not measured" (none) or "partly measured" (some), neve
 
 from __future__ import annotations
 
-import argparse
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,6 +160,12 @@ def judge(rows: list[dict]) -> list[Verdict]:
     ]
 
 
+def _shown(value: float, at_least: bool) -> str:
+    """Three decimals, rounded away from the bound's inside (0.8996 against >= 0.90 shows 0.899, not 0.900)."""
+    thousandths = round(value * 1000, 6)
+    return f"{(math.floor(thousandths) if at_least else math.ceil(thousandths)) / 1000:.3f}"
+
+
 def render(verdicts: list[Verdict]) -> list[str]:
     """The targets table BENCHMARKS.md opens with (and the CLI prints)."""
     met = sum(v.status == "met" for v in verdicts)
@@ -169,9 +175,9 @@ def render(verdicts: list[Verdict]) -> list[str]:
            "| target | goal | cells | worst cell | status | outside the bound |", "|---|---|---|---|---|---|"]
     for v in verdicts:
         worst = v.worst
-        where = (f"{worst.value:.2f} ({worst.label}, {worst.commit}" + (f", {worst.note}" if worst.note else "")
+        where = (f"{_shown(worst.value, v.at_least)} ({worst.label}, {worst.commit}" + (f", {worst.note}" if worst.note else "")
                  + ")" if worst else "-")
-        outside = ", ".join(f"{c.label} {c.value:.2f}" for c in sorted(v.outside, key=lambda c: c.value,
+        outside = ", ".join(f"{c.label} {_shown(c.value, v.at_least)}" for c in sorted(v.outside, key=lambda c: c.value,
                                                                        reverse=not v.at_least)[:6])
         more = len(v.outside) - 6
         cells = f"{len(v.cells)} of {len(v.expected)}" + (f" (missing: {', '.join(v.missing[:4])}"
@@ -184,7 +190,9 @@ def render(verdicts: list[Verdict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="rlkit bench targets", description=__doc__.splitlines()[0])
+    from rlkit.cli_args import Parser
+
+    ap = Parser(prog="rlkit bench targets", description=__doc__.splitlines()[0])
     ap.add_argument("rows", nargs="+", metavar="ROWS.jsonl", help="row files (.jsonl or .jsonl.gz), oldest first")
     a = ap.parse_args(argv)
     try:
