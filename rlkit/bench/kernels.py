@@ -554,10 +554,7 @@ def bench_rowwise(rec: Recorder, rows: int = 4096) -> None:
         rec.add(op, "strict", shape, "ratio_vs_native", _round_ratio(per_round, "native", "strict"))
 
 
-# -- the embedded engine's decode step ----------------------------------------------------------------
-"""(model preset, context) of the decode steps timed, each at batch 64."""
-
-
+# -- the embedded engine's decode step (ENGINE_STEPS: rlkit.bench.targets) ---------------------------
 def bench_engine_steps(rec: Recorder, batch: int = 64, steps=ENGINE_STEPS) -> None:
     for model, ctx in steps:
         bench_engine_step(rec, batch, ctx, model)
