@@ -18,6 +18,7 @@ import re
 import sys
 from pathlib import Path
 
+from rlkit.bench.rows import RowsError, read_rows
 from rlkit.kernels import gemm_tuned
 
 MARGIN = 0.95
@@ -82,18 +83,16 @@ def build(rows: list[dict], arch: str, margin: float = MARGIN) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=Path, nargs="+", required=True, help="chained_gemm.jsonl files of one GPU model")
+    ap.add_argument("--rows", type=Path, nargs="+", required=True, help="chained_gemm.jsonl(.gz) files of one GPU model")
     ap.add_argument("--arch", default="sm_90", help="the GPU's arch as the compile check names it (sm_90)")
     ap.add_argument("--margin", type=float, default=MARGIN)
     ap.add_argument("--out", type=Path, required=True, help="folder to write <device>.json into (kernels/tuned)")
     args = ap.parse_args(argv)
-    rows = []
-    for path in args.rows:
-        try:
-            rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        except (OSError, json.JSONDecodeError) as e:
-            print(f"gemm_tables: cannot read {path}: {e}", file=sys.stderr)
-            return 2
+    try:
+        rows = read_rows(args.rows)
+    except RowsError as e:
+        print(f"gemm_tables: {e}", file=sys.stderr)
+        return 2
     try:
         table = build(rows, args.arch, args.margin)
     except ValueError as e:
